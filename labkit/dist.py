@@ -1,0 +1,211 @@
+"""Run a function on N real processes, and count what the collectives move.
+
+``launch(fn, world_size, *args)`` spawns ``world_size`` processes from a notebook cell or a
+test (gloo on CPU, NCCL on CUDA), calls ``fn(rank, world_size, *args)`` in each with the
+process group initialised, and returns the ranks' results in rank order. Under ``torchrun``
+(``RANK``/``WORLD_SIZE`` set) the same call runs ``fn`` once, in this process. A rank that
+raises makes ``launch`` raise in the parent with that rank's traceback; a collective that
+hangs hits the process-group timeout; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["launch", "free_port", "init_from_env", "DistributedError", "CommCounter", "CommStats"]
+
+
+class DistributedError(RuntimeError):
+    """A rank failed, hung or died; the message carries the rank and its traceback."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_from_env(backend: str | None = None, timeout_s: float = 30.0) -> tuple[int, int]:
+    """Initialise the default process group from torchrun's environment; return (rank, world_size)."""
+    backend = backend or _default_backend()
+    if not dist.is_initialized():
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, results):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            out = fn(rank, world_size, *args, **kwargs)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, out))
+    except BaseException:  # report everything, including KeyboardInterrupt in a rank
+        results.put((rank, False, traceback.format_exc()))
+
+
+def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 30.0,
+           join_timeout_s: float | None = None, **kwargs) -> list:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes; return results.
+
+    ``fn`` must be importable (defined in a module, not in a notebook cell) and return
+    something picklable. ``timeout_s`` bounds every collective; ``join_timeout_s`` (default
+    ``timeout_s + 60``) bounds the whole run. Under torchrun, runs ``fn`` here and returns
+    ``[result]`` of this rank.
+    """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be an int >= 1")
+    backend = backend or _default_backend()
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend={backend!r} must be 'gloo' or 'nccl'")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # already inside torchrun
+        rank, ws = init_from_env(backend, timeout_s)
+        if ws != world_size:
+            raise ValueError(f"world_size={world_size} but torchrun started WORLD_SIZE={ws}")
+        return [fn(rank, ws, *args, **kwargs)]
+    join_timeout_s = timeout_s + 60 if join_timeout_s is None else join_timeout_s
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(r, world_size, port, backend, timeout_s, fn, args, kwargs, results))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    outputs, deadline = {}, time.monotonic() + join_timeout_s
+    try:
+        while len(outputs) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=0.2)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode not in (None, 0)]
+                if dead:
+                    # a rank died without reporting (killed, segfault): give its queue a moment
+                    try:
+                        rank, ok, value = results.get(timeout=1.0)
+                    except queue_mod.Empty:
+                        raise DistributedError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} "
+                                               "without reporting a result") from None
+                elif time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(outputs))
+                    raise DistributedError(f"ranks {missing} did not finish within join_timeout_s="
+                                           f"{join_timeout_s}s (a hung collective or an endless loop?)")
+                else:
+                    continue
+            if not ok:
+                raise DistributedError(f"rank {rank} of {world_size} raised:\n{value}")
+            outputs[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not outputs or len(outputs) == world_size else 0.1)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        results.close()
+    return [outputs[r] for r in range(world_size)]
+
+
+# -- the communication counter --------------------------------------------------------------
+
+_C10D = {  # dispatcher op name -> collective it implements
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather", "allgather_coalesced_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "broadcast_": "broadcast", "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "send": "send", "recv_": "recv",
+    "recv_any_source_": "recv",
+}
+_FUNCTIONAL = {
+    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "broadcast": "broadcast", "all_to_all_single": "all_to_all",
+}
+
+
+@dataclass
+class CommStats:
+    """Per-collective counts on one rank: calls, and bytes / elements of the full-size tensor."""
+
+    calls: dict = field(default_factory=lambda: defaultdict(int))
+    bytes: dict = field(default_factory=lambda: defaultdict(int))
+    numel: dict = field(default_factory=lambda: defaultdict(int))
+
+    def as_dict(self) -> dict:
+        return {k: {"calls": self.calls[k], "bytes": self.bytes[k], "numel": self.numel[k]} for k in sorted(self.calls)}
+
+
+def _payload(kind: str, args) -> tuple[int, int]:
+    """(numel, bytes) of the full-size tensor a collective works on.
+
+    all_reduce, broadcast, reduce: the tensor itself; all_gather: the gathered output;
+    reduce_scatter: the unscattered input; send/recv: the message.
+    """
+    tensors = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        return 0, 0
+    if kind == "all_gather":  # c10d: (output(s), input); take the larger side
+        big = max(sum(t.numel() for t in tensors[:-1]), tensors[-1].numel())
+        return big, big * tensors[-1].element_size()
+    if kind == "reduce_scatter":
+        big = max(sum(t.numel() for t in tensors[1:]), tensors[0].numel())
+        return big, big * tensors[0].element_size()
+    numel = sum(t.numel() for t in tensors)
+    return numel, sum(t.numel() * t.element_size() for t in tensors)
+
+
+class CommCounter(TorchDispatchMode):
+    """Count the collectives this process issues while active, by kind, in calls and bytes.
+
+    Sees every collective that reaches the dispatcher, from ``torch.distributed`` calls in
+    Python and from DDP's and FSDP's C++ code alike. Use one per rank::
+
+        with CommCounter() as comm:
+            train_step()
+        comm.stats.calls["all_reduce"], comm.stats.bytes["all_reduce"]
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.stats = CommStats()
+        self.log: list[tuple[str, int]] = []  # (collective, bytes) in issue order
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        ns, name = func.namespace, func.overloadpacket.__name__
+        kind = _C10D.get(name) if ns == "c10d" else _FUNCTIONAL.get(name) if "functional" in ns else None
+        if kind is not None:
+            numel, nbytes = _payload(kind, args)
+            self.stats.calls[kind] += 1
+            self.stats.bytes[kind] += nbytes
+            self.stats.numel[kind] += numel
+            self.log.append((kind, nbytes))
+        return func(*args, **(kwargs or {}))

@@ -1,0 +1,145 @@
+"""The analytic side of the memory meter: bytes a training step needs, from formulas.
+
+Model states (Chapter 1): parameters, gradients and optimizer states for a parameter count
+under a precision policy and an optimizer; mixed-precision Adam needs 16 bytes per parameter
+(Rajbhandari et al. 2020). Activations: the bytes our GPT keeps for backward, derived term by
+term in Chapter 1, next to Korthikanti et al. (2022)'s sbh(34 + 5as/h).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..precision import OPTIMIZERS, PRECISIONS, _check
+
+__all__ = [
+    "ModelStateBytes", "model_state_bytes", "zero_model_state_bytes",
+    "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes",
+]
+
+# bytes per parameter: (parameters, gradients, optimizer states) for each policy
+_PARAM_GRAD = {"fp32": (4, 4), "mixed": (2, 2), "bf16": (2, 2)}
+_MASTER = {"fp32": 0, "mixed": 4, "bf16": 0}  # an fp32 copy of the weights
+_STATE_BYTES = {"fp32": 4, "mixed": 4, "bf16": 2}  # dtype of optimizer moments
+_N_STATES = {"adam": 2, "adamw": 2, "sgd_momentum": 1, "sgd": 0}
+_STEP_COUNTER = {"adam": 4, "adamw": 4, "sgd_momentum": 0, "sgd": 0}  # torch's fp32 `step` per tensor
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Bytes of the model states: parameters, gradients, optimizer states (with master weights)."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    def as_dict(self) -> dict:
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "total": self.total}
+
+
+def _check_count(name, value, minimum=0):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
+
+
+def model_state_bytes(n_params: int, precision: str = "mixed", optimizer: str = "adam",
+                      n_tensors: int = 0) -> ModelStateBytes:
+    """Model-state bytes of Ψ = ``n_params`` parameters (Chapter 1, eq. 16Ψ).
+
+    ``precision``: ``"fp32"``, ``"mixed"`` (16-bit params and grads, fp32 master weights) or
+    ``"bf16"``; ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd_momentum"`` or ``"sgd"``.
+    ``n_tensors``: number of parameter tensors; torch's Adam keeps a 4-byte step count for each.
+    """
+    _check(precision, optimizer)
+    _check_count("n_params", n_params)
+    _check_count("n_tensors", n_tensors)
+    p, g = _PARAM_GRAD[precision]
+    per_param_opt = _MASTER[precision] + _N_STATES[optimizer] * _STATE_BYTES[precision]
+    return ModelStateBytes(params=p * n_params, grads=g * n_params,
+                           optimizer=per_param_opt * n_params + _STEP_COUNTER[optimizer] * n_tensors)
+
+
+def zero_model_state_bytes(n_params: int, world_size: int, stage: int, precision: str = "mixed",
+                           optimizer: str = "adam") -> ModelStateBytes:
+    """Per-rank model-state bytes under ZeRO ``stage`` 0-3 over ``world_size`` ranks (Chapter 2).
+
+    Stage 1 shards optimizer states, stage 2 also gradients, stage 3 also parameters;
+    shards are rounded up (ceil) as padding does.
+    """
+    _check_count("world_size", world_size, 1)
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage={stage!r} must be one of [0, 1, 2, 3]")
+    full = model_state_bytes(n_params, precision, optimizer)
+    shard = -(-n_params // world_size)  # ceil: the padded shard
+    part = model_state_bytes(shard, precision, optimizer)
+    return ModelStateBytes(params=part.params if stage >= 3 else full.params,
+                           grads=part.grads if stage >= 2 else full.grads,
+                           optimizer=part.optimizer if stage >= 1 else full.optimizer)
+
+
+@dataclass(frozen=True)
+class ActivationBytes:
+    """Activation bytes kept for backward: ``per_layer`` x n_layer + ``head`` = ``total``."""
+
+    per_layer: int
+    head: int
+    n_layer: int
+    terms: dict  # per-layer terms, name -> bytes
+
+    @property
+    def total(self) -> int:
+        return self.n_layer * self.per_layer + self.head
+
+
+def activation_bytes(cfg, batch_size: int, seq_len: int | None = None, *, dtype_bytes: int = 4,
+                     device_type: str = "cpu", training: bool = True) -> ActivationBytes:
+    """Bytes that :class:`labkit.model.GPT` keeps for backward in one forward pass (Chapter 1).
+
+    Per layer, with e = ``dtype_bytes``, μ the bytes of a dropout mask element (1 for CUDA's
+    fused dropout, e for the CPU path) and δ = 1 when dropout is active:
+    sbh(16e + 2δμ) + abs²(e + δ(e + μ)) + 4bsν, with ν the bytes of a LayerNorm mean/rstd
+    element (4 on CUDA, which keeps them in fp32; e on the CPU path).
+    """
+    b, s = batch_size, cfg.seq_len if seq_len is None else seq_len
+    _check_count("batch_size", b, 1)
+    _check_count("seq_len", s, 1)
+    if dtype_bytes not in (2, 4):
+        raise ValueError(f"dtype_bytes={dtype_bytes!r} must be 2 or 4")
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device_type={device_type!r} must be 'cpu' or 'cuda'")
+    h, a, V, e = cfg.d_model, cfg.n_head, cfg.vocab_size, dtype_bytes
+    d = 1 if (training and cfg.dropout > 0) else 0
+    mu = 1 if device_type == "cuda" else e
+    nu = 4 if device_type == "cuda" else e
+    terms = {
+        "layernorm inputs (2 sbh)": 2 * s * b * h * e,
+        "layernorm outputs = qkv and fc inputs (2 sbh)": 2 * s * b * h * e,
+        "q, k, v copies (3 sbh)": 3 * s * b * h * e,
+        "attention output = proj input (sbh)": s * b * h * e,
+        "fc output = GELU input (4 sbh)": 4 * s * b * h * e,
+        "GELU output = fc2 input (4 sbh)": 4 * s * b * h * e,
+        "dropout masks after proj and MLP (2 sbh)": 2 * d * s * b * h * mu,
+        "softmax output (a s^2 b)": a * s * s * b * e,
+        "attention dropout mask and output (2 a s^2 b)": d * a * s * s * b * (mu + e),
+        "layernorm mean and rstd (4 bs)": 2 * 2 * b * s * nu,
+    }
+    head = (2 * s * b * h * e          # final LayerNorm input and output (lm_head input)
+            + 2 * b * s * nu           # its mean and rstd
+            + d * s * b * h * mu       # embedding dropout mask
+            + b * s * V * e            # log-softmax output kept by the cross-entropy
+            + 2 * e                    # the loss and the cross-entropy's total weight
+            + 8 * s)                   # position indices (int64)
+    return ActivationBytes(per_layer=sum(terms.values()), head=head, n_layer=cfg.n_layer, terms=terms)
+
+
+def korthikanti_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int) -> float:
+    """Per-layer activation bytes of Korthikanti et al. (2022), eq. 1: sbh(34 + 5as/h).
+
+    Assumes 16-bit activations, 1-byte dropout masks and no tensor parallelism.
+    """
+    s, b, h, a = seq_len, batch_size, d_model, n_head
+    return s * b * h * (34 + 5 * a * s / h)

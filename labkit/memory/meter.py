@@ -1,0 +1,247 @@
+"""The measured side of the memory meter: every storage a training step allocates, by category.
+
+A ``TorchDispatchMode`` sees each operator's outputs; a new storage is an allocation, and a
+weak reference tells when it is freed. Categories are decided by what a storage *became*:
+model parameters, buffers, ``.grad`` tensors, optimizer states (including fp32 master
+weights), activations (allocated in the forward phase and still alive when it ends: what
+autograd keeps for backward) and temporaries (everything else). Works the same on CPU, CUDA
+and fake tensors; on CUDA the caching allocator's own peak is reported beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["CATEGORIES", "MemoryMeter", "MemoryReport", "measure_step", "optimizer_tensors"]
+
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations", "temporaries")
+
+
+def optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    """Every tensor an optimizer owns: its per-parameter state and, for optimizers that keep
+    their own copies of the parameters (fp32 master weights), those copies."""
+    if optimizer is None:
+        return []
+    if hasattr(optimizer, "state_tensors"):
+        return list(optimizer.state_tensors())
+    return [t for t in tree_leaves(list(optimizer.state.values())) if isinstance(t, torch.Tensor)]
+
+
+class _Storage:
+    __slots__ = ("nbytes", "phase", "category", "ref", "__weakref__")
+
+    def __init__(self, nbytes, phase):
+        self.nbytes, self.phase, self.category, self.ref = nbytes, phase, None, None
+
+
+@dataclass
+class MemoryReport:
+    """What one measured region allocated. Bytes are storage bytes (``nbytes``)."""
+
+    peak_bytes: int
+    peak_index: int
+    peak_op: str
+    peak_phase: str
+    at_peak: dict
+    max_by_category: dict
+    ops: list = field(repr=False)
+    phases: list = field(repr=False)
+    timeline: dict = field(repr=False)  # category -> list of bytes after each op
+    allocator_peak_bytes: int | None = None
+    allocator_start_bytes: int | None = None
+
+    @property
+    def activations(self) -> int:
+        """Activation bytes kept for backward (their maximum, reached at the end of forward)."""
+        return self.max_by_category["activations"]
+
+    def table(self) -> str:
+        """A small text table: bytes by category at the peak and each category's own maximum."""
+        rows = [f"{'category':<12} {'at peak':>14} {'max':>14}"]
+        for cat in CATEGORIES:
+            rows.append(f"{cat:<12} {self.at_peak[cat]:>14,} {self.max_by_category[cat]:>14,}")
+        rows.append(f"{'total':<12} {self.peak_bytes:>14,}   (peak in {self.peak_phase}, op {self.peak_op})")
+        return "\n".join(rows)
+
+    def phase_bounds(self) -> dict:
+        """phase name -> (first op index, last op index) on the timeline."""
+        bounds = {}
+        for i, ph in enumerate(self.phases):
+            lo, _ = bounds.get(ph, (i, i))
+            bounds[ph] = (lo, i)
+        return bounds
+
+
+class MemoryMeter(TorchDispatchMode):
+    """Count the bytes of every storage allocated while the meter is active.
+
+    Use phases so that activations can be told from temporaries::
+
+        with MemoryMeter(model, optimizer) as meter:
+            with meter.phase("forward"):
+                loss = model(x, y)
+            with meter.phase("backward"):
+                loss.backward()
+            with meter.phase("optimizer"):
+                optimizer.step(); optimizer.zero_grad()
+        print(meter.report().table())
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer=None):
+        super().__init__()
+        self.model, self.optimizer = model, optimizer
+        self._records: dict[int, _Storage] = {}  # id(record) -> record, kept after free
+        self._by_storage: dict[int, _Storage] = {}  # id(storage) -> record, while alive
+        self._events: list[tuple[int, _Storage, int]] = []  # (op index, record, +/- bytes)
+        self._ops: list[str] = ["(start)"]
+        self._phases: list[str] = ["(start)"]
+        self._phase = "(start)"
+        self._forward_records: list[_Storage] = []
+        self._cuda_dev = None
+        self._report = None
+
+    # -- tracking ---------------------------------------------------------------------------
+    def _track(self, t: torch.Tensor, category: str | None = None) -> _Storage | None:
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            return None
+        st = t.untyped_storage()
+        key = id(st)
+        rec = self._by_storage.get(key)
+        if rec is not None and rec.ref() is st:
+            if st.nbytes() != rec.nbytes:  # resized in place
+                self._events.append((len(self._ops) - 1, rec, st.nbytes() - rec.nbytes))
+                rec.nbytes = st.nbytes()
+        else:
+            rec = _Storage(st.nbytes(), self._phase)
+            rec.ref = weakref.ref(st, self._freed_callback(rec, key))
+            self._by_storage[key] = rec
+            self._records[id(rec)] = rec
+            self._events.append((len(self._ops) - 1, rec, rec.nbytes))
+            if self._phase == "forward":
+                self._forward_records.append(rec)
+        if category is not None:
+            rec.category = category
+        return rec
+
+    def _freed_callback(self, rec, key):
+        def freed(_ref):
+            self._events.append((len(self._ops) - 1, rec, -rec.nbytes))
+            if self._by_storage.get(key) is rec:
+                del self._by_storage[key]
+        return freed
+
+    def _label_states(self):
+        if self.model is not None:
+            for p in self.model.parameters():
+                self._track(p, "parameters")
+                if p.grad is not None:
+                    self._track(p.grad, "gradients")
+            for b in self.model.buffers():
+                self._track(b, "buffers")
+        for t in optimizer_tensors(self.optimizer):
+            self._track(t, "optimizer")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace == "profiler":  # record_function markers allocate nothing
+            return out
+        self._ops.append(str(func.overloadpacket.__name__))
+        self._phases.append(self._phase)
+        # An output that aliases an input (a view, an in-place op) allocated nothing, even
+        # when the input's storage predates the meter and was never seen.
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor) and t.layout == torch.strided}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                if id(t.untyped_storage()) in inputs and id(t.untyped_storage()) not in self._by_storage:
+                    continue
+                self._track(t)
+        return out
+
+    # -- phases ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Mark a phase. At the end of ``"forward"``, live forward allocations become activations."""
+        previous, self._phase = self._phase, name
+        try:
+            yield self
+        finally:
+            self._phase = previous
+            if name == "forward":
+                for rec in self._forward_records:
+                    if rec.ref() is not None and rec.category is None:
+                        rec.category = "activations"
+                self._forward_records = []
+            self._label_states()
+
+    def __enter__(self):
+        dev = next((p.device for p in self.model.parameters()), None) if self.model is not None else None
+        if dev is not None and dev.type == "cuda":
+            self._cuda_dev = dev
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            self._cuda_start = torch.cuda.memory_allocated(dev)
+        super().__enter__()
+        self._label_states()
+        return self
+
+    def __exit__(self, *exc):
+        self._label_states()
+        super().__exit__(*exc)
+        if self._cuda_dev is not None:
+            torch.cuda.synchronize(self._cuda_dev)
+            self._cuda_peak = torch.cuda.max_memory_allocated(self._cuda_dev)
+
+    # -- results -----------------------------------------------------------------------------
+    def report(self) -> MemoryReport:
+        """Replay the allocation events into a per-op timeline of bytes by category."""
+        n = len(self._ops)
+        delta = {c: [0] * n for c in CATEGORIES}
+        for idx, rec, nbytes in self._events:
+            delta[rec.category or "temporaries"][idx] += nbytes
+        timeline, running = {}, {}
+        for c in CATEGORIES:
+            acc, series = 0, []
+            for d in delta[c]:
+                acc += d
+                series.append(acc)
+            timeline[c], running[c] = series, acc
+        totals = [sum(timeline[c][i] for c in CATEGORIES) for i in range(n)]
+        peak_i = max(range(n), key=totals.__getitem__)
+        return MemoryReport(
+            peak_bytes=totals[peak_i], peak_index=peak_i, peak_op=self._ops[peak_i],
+            peak_phase=self._phases[peak_i],
+            at_peak={c: timeline[c][peak_i] for c in CATEGORIES},
+            max_by_category={c: max(timeline[c]) for c in CATEGORIES},
+            ops=list(self._ops), phases=list(self._phases), timeline=timeline,
+            allocator_peak_bytes=getattr(self, "_cuda_peak", None),
+            allocator_start_bytes=getattr(self, "_cuda_start", None),
+        )
+
+
+def measure_step(model: torch.nn.Module, optimizer, batch, loss_fn=None, zero_grad: bool = True) -> MemoryReport:
+    """Measure one training step: forward, backward, ``optimizer.step()`` (and ``zero_grad``).
+
+    ``batch`` is ``(x, y)``; the loss is ``model(x, y)`` unless ``loss_fn(model, batch)`` is given.
+    Returns the :class:`MemoryReport` of the step.
+    """
+    if optimizer is None:
+        raise ValueError("optimizer=None: measure_step needs an optimizer to take a step")
+    with MemoryMeter(model, optimizer) as meter:
+        with meter.phase("forward"):
+            loss = model(*batch) if loss_fn is None else loss_fn(model, batch)
+        with meter.phase("backward"):
+            loss.backward()
+            del loss
+        with meter.phase("optimizer"):
+            optimizer.step()
+            if zero_grad:
+                optimizer.zero_grad(set_to_none=True)
+    return meter.report()

@@ -1,0 +1,213 @@
+"""The tiny GPT used throughout the course: the GPT-2 architecture, sized by a dataclass.
+
+Learned position embeddings, tied input/output embeddings, biases, pre-LayerNorm blocks,
+a 4h GELU MLP and dropout (Radford et al. 2019). The attention core is its own module
+(:class:`AttentionCore`) so that later chapters can recompute or replace it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["GPTConfig", "GPT", "AttentionCore", "PRESETS", "get_preset", "count_params", "build_model"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Model shape in the course's notation: L=n_layer, a=n_head, h=d_model, s=seq_len, V=vocab_size."""
+
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    seq_len: int = 64
+    vocab_size: int = 256
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        if self.d_model % self.n_head != 0:
+            raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
+        if not (0.0 <= float(self.dropout) < 1.0):
+            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Published shapes. GPT-2 (Radford et al. 2019), GPT-3 175B (Brown et al. 2020, Table 2.1).
+# "llama-7b-like" is approximate: LLaMA-7B's width, depth, heads, context and vocabulary
+# (Touvron et al. 2023) on our GPT-2 block, which has a 4h GELU MLP instead of SwiGLU,
+# LayerNorm instead of RMSNorm, learned positions instead of RoPE and tied embeddings:
+# about 6.6B parameters instead of 6.7B.
+PRESETS: dict[str, GPTConfig] = {
+    "tiny": GPTConfig(n_layer=4, n_head=4, d_model=128, seq_len=64, vocab_size=256),
+    "gpt2-small": GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024, vocab_size=50257),
+    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, d_model=1024, seq_len=1024, vocab_size=50257),
+    "gpt2-large": GPTConfig(n_layer=36, n_head=20, d_model=1280, seq_len=1024, vocab_size=50257),
+    "gpt2-xl": GPTConfig(n_layer=48, n_head=25, d_model=1600, seq_len=1024, vocab_size=50257),
+    "gpt3-175b": GPTConfig(n_layer=96, n_head=96, d_model=12288, seq_len=2048, vocab_size=50257),
+    "llama-7b-like": GPTConfig(n_layer=32, n_head=32, d_model=4096, seq_len=4096, vocab_size=32000),
+}
+
+
+def get_preset(name: str, **overrides) -> GPTConfig:
+    """Return a named configuration, optionally with fields replaced (e.g. ``dropout=0.1``)."""
+    if name not in PRESETS:
+        raise ValueError(f"preset={name!r} is unknown; valid presets: {sorted(PRESETS)}")
+    return GPTConfig(**{**PRESETS[name].to_dict(), **overrides})
+
+
+def count_params(cfg: GPTConfig) -> int:
+    """Exact parameter count Ψ of :class:`GPT` for ``cfg`` (tied embeddings counted once).
+
+    Ψ = V h + s h + L (12 h² + 13 h) + 2 h: token and position embeddings; per block
+    qkv (3h² + 3h), projection (h² + h), MLP (8h² + 5h), two LayerNorms (4h); final LayerNorm.
+    """
+    V, s, h, L = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layer
+    return V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h
+
+
+class AttentionCore(nn.Module):
+    """softmax(q kᵀ / sqrt(d)) v with a causal mask and dropout on the probabilities.
+
+    q, k, v: (B, nh, T, hs) -> (B, nh, T, hs). The (B, nh, T, T) scores are materialised:
+    this is the 5as/h term of Korthikanti et al. (2022) that Chapter 6 removes.
+    """
+
+    def __init__(self, causal_mask: torch.Tensor, dropout: float):
+        super().__init__()
+        self.dropout = dropout
+        # (S, S) bool, True above the diagonal; one tensor shared by every layer
+        self.register_buffer("causal_mask", causal_mask, persistent=False)
+
+    def forward(self, q, k, v):
+        T, hs = q.size(-2), q.size(-1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+        att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
+        att = F.softmax(att, dim=-1)
+        if self.training and self.dropout > 0:
+            att = F.dropout(att, p=self.dropout, training=True)
+        return att @ v  # (B, nh, T, hs)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, causal_mask: torch.Tensor):
+        super().__init__()
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.core = AttentionCore(causal_mask, cfg.dropout)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        y = self.core(q, k, v)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = self.c_proj(y)
+        if self.training and self.dropout > 0:
+            y = F.dropout(y, p=self.dropout, training=True)
+        return y
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.dropout = cfg.dropout
+        self.c_fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.c_proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
+
+    def forward(self, x):
+        x = self.c_proj(F.gelu(self.c_fc(x)))  # (B, T, 4C) inside, (B, T, C) out
+        if self.training and self.dropout > 0:
+            x = F.dropout(x, p=self.dropout, training=True)
+        return x
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
+
+    def __init__(self, cfg: GPTConfig, causal_mask: torch.Tensor):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg, causal_mask)
+        self.ln_2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    """GPT-2. ``forward(idx)``: idx (B, T) int64 -> logits (B, T, V);
+    ``forward(idx, targets)``: the mean cross-entropy loss over positions whose target is not -100."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
+        mask = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(diagonal=1)  # (S, S)
+        self.blocks = nn.ModuleList(Block(cfg, mask) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied embeddings
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence length {T} exceeds seq_len={self.cfg.seq_len}")
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        if self.training and self.cfg.dropout > 0:
+            x = F.dropout(x, p=self.cfg.dropout, training=True)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-100)
+
+
+def build_model(cfg: GPTConfig | str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GPT:
+    """Build :class:`GPT` from a config or a preset name, on ``device`` (``"meta"`` allocates nothing)."""
+    if isinstance(cfg, str):
+        cfg = get_preset(cfg)
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig or a preset name, got {type(cfg).__name__}")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or previous)  # create parameters in their final dtype
+    try:
+        with torch.device(device):
+            return GPT(cfg)
+    finally:
+        torch.set_default_dtype(previous)

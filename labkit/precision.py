@@ -1,0 +1,93 @@
+"""Precision policies for training: fp32, mixed (16-bit model, fp32 master weights), bf16.
+
+``mixed`` follows Micikevicius et al. (2018): parameters and gradients in 16 bits, an fp32
+master copy of the weights that the optimizer updates, and the 16-bit weights copied back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["PRECISIONS", "OPTIMIZERS", "MasterWeightOptimizer", "model_dtype", "make_optimizer"]
+
+PRECISIONS = ("fp32", "mixed", "bf16")
+OPTIMIZERS = ("adam", "adamw", "sgd_momentum", "sgd")
+
+
+def _check(precision: str, optimizer: str | None = None) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is unknown; valid choices: {list(PRECISIONS)}")
+    if optimizer is not None and optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is unknown; valid choices: {list(OPTIMIZERS)}")
+
+
+def model_dtype(precision: str, half: torch.dtype = torch.bfloat16) -> torch.dtype:
+    """The dtype of the model's parameters (and so of its activations) under ``precision``."""
+    _check(precision)
+    return torch.float32 if precision == "fp32" else half
+
+
+class MasterWeightOptimizer:
+    """Wrap a ``torch.optim`` optimizer so it updates fp32 copies of 16-bit parameters.
+
+    ``step()`` casts each 16-bit ``.grad`` to fp32, steps the inner optimizer on the master
+    weights and copies them back into the 16-bit parameters.
+    """
+
+    def __init__(self, params, optimizer_cls=torch.optim.AdamW, **optimizer_kwargs):
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("params is empty: nothing to optimize")
+        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.inner = optimizer_cls(self.master, **optimizer_kwargs)
+        self.param_groups = self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    @torch.no_grad()
+    def step(self):
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for p, m in zip(self.params, self.master):
+            p.copy_(m)
+            m.grad = None
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_tensors(self):
+        """The fp32 master weights and the inner optimizer's state tensors."""
+        from torch.utils._pytree import tree_leaves
+        states = [t for t in tree_leaves(list(self.inner.state.values())) if isinstance(t, torch.Tensor)]
+        return list(self.master) + states
+
+    def state_dict(self):
+        return {"master": [m.detach().clone() for m in self.master], "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state):
+        with torch.no_grad():
+            for m, saved in zip(self.master, state["master"]):
+                m.copy_(saved)
+        self.inner.load_state_dict(state["inner"])
+
+
+def make_optimizer(params, precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, **kwargs):
+    """The optimizer of a precision policy: plain for fp32/bf16, with master weights for mixed."""
+    _check(precision, optimizer)
+    cls, extra = {
+        "adam": (torch.optim.Adam, {}),
+        "adamw": (torch.optim.AdamW, {}),
+        "sgd_momentum": (torch.optim.SGD, {"momentum": 0.9}),
+        "sgd": (torch.optim.SGD, {"momentum": 0.0}),
+    }[optimizer]
+    kwargs = {**extra, "lr": lr, **kwargs}
+    if precision == "mixed":
+        return MasterWeightOptimizer(params, cls, **kwargs)
+    return cls(params, **kwargs)
