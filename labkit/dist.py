@@ -70,6 +70,26 @@ def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, result
         results.put((rank, False, traceback.format_exc()))
 
 
+def _failure_message(world_size, failures, results, grace_s=3.0):
+    """Collect the other ranks' failures for a moment and put the root cause first: a rank
+    whose error did not come out of a collective (the others usually fail *because* of it)."""
+    deadline = time.monotonic() + grace_s
+    while len(failures) < world_size and time.monotonic() < deadline:
+        try:
+            rank, ok, value = results.get(timeout=0.2)
+        except queue_mod.Empty:
+            continue
+        if not ok:
+            failures[rank] = value
+    order = sorted(failures, key=lambda r: ("distributed_c10d.py" in failures[r], r))
+    first, rest = order[0], order[1:]
+    msg = f"rank {first} of {world_size} raised:\n{failures[first]}"
+    for r in rest:
+        last = failures[r].strip().splitlines()[-1]
+        msg += f"\n(rank {r} also failed, probably as a consequence: {last})"
+    return msg
+
+
 def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 30.0,
            join_timeout_s: float | None = None, **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes; return results.
@@ -119,7 +139,7 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
                 else:
                     continue
             if not ok:
-                raise DistributedError(f"rank {rank} of {world_size} raised:\n{value}")
+                raise DistributedError(_failure_message(world_size, {rank: value}, results))
             outputs[rank] = value
     finally:
         for p in procs:

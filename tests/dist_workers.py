@@ -1,0 +1,57 @@
+"""Functions the distributed tests run on each rank (spawned processes import them from here)."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from labkit.dist import CommCounter
+
+
+def collectives(rank, world_size):
+    """Issue one of each collective under a CommCounter; return the counts and results."""
+    with CommCounter() as comm:
+        t = torch.full((6,), float(rank + 1))
+        dist.all_reduce(t)
+        gathered = torch.empty(6 * world_size)
+        dist.all_gather_into_tensor(gathered, torch.full((6,), float(rank)))
+        shard = torch.empty(3)
+        dist.reduce_scatter_tensor(shard, torch.ones(3 * world_size))
+        b = torch.full((4,), float(rank))
+        dist.broadcast(b, src=0)
+        if rank == 0:
+            dist.send(torch.arange(5.0), dst=1)
+        elif rank == 1:
+            r = torch.empty(5)
+            dist.recv(r, src=0)
+    return {"stats": comm.stats.as_dict(), "sum": t.tolist(), "gathered": gathered.tolist(),
+            "shard": shard.tolist(), "bcast": b.tolist(), "pid": os.getpid()}
+
+
+def ddp_step(rank, world_size):
+    """One DDP backward of a 2-parameter-tensor model; count what DDP's reducer sends."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4), bucket_cap_mb=25)
+    with CommCounter() as comm:
+        model(torch.randn(3, 8)).sum().backward()
+    return comm.stats.as_dict()
+
+
+def fails_on_rank_one(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank one was given a bad shard")
+    dist.barrier()
+    return rank
+
+
+def hangs_on_rank_one(rank, world_size):
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins: the collective must time out
+    else:
+        time.sleep(600)
+    return rank
+
+
+def rank_and_pid(rank, world_size, offset=0):
+    return rank + offset, os.getpid()

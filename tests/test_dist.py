@@ -1,0 +1,107 @@
+"""The launcher and the communication counter, on real gloo processes."""
+
+import os
+import time
+
+import multiprocessing
+
+import pytest
+import torch
+
+import dist_workers
+from labkit.dist import CommCounter, DistributedError, free_port, launch
+
+
+def _alive(pids):
+    """The pids that still run (a zombie or a missing /proc entry counts as gone)."""
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
+def test_collectives_are_correct_and_counted():
+    world = 3
+    results = launch(dist_workers.collectives, world)
+    for rank, res in enumerate(results):
+        assert res["sum"] == [6.0] * 6  # 1 + 2 + 3
+        assert res["gathered"] == [float(r) for r in range(world) for _ in range(6)]
+        assert res["shard"] == [3.0] * 3
+        assert res["bcast"] == [0.0] * 4
+        s = res["stats"]
+        assert s["all_reduce"] == {"calls": 1, "bytes": 24, "numel": 6}
+        assert s["all_gather"] == {"calls": 1, "bytes": 4 * 6 * world, "numel": 6 * world}  # the gathered size
+        assert s["reduce_scatter"] == {"calls": 1, "bytes": 4 * 3 * world, "numel": 3 * world}  # the input size
+        assert s["broadcast"] == {"calls": 1, "bytes": 16, "numel": 4}
+        expected_p2p = {0: "send", 1: "recv"}.get(rank)
+        for kind in ("send", "recv"):
+            assert (kind in s) == (kind == expected_p2p)
+        if expected_p2p:
+            assert s[expected_p2p] == {"calls": 1, "bytes": 20, "numel": 5}
+    assert not _alive([r["pid"] for r in results])
+
+
+def test_counter_sees_the_all_reduce_ddp_issues_from_cpp():
+    stats = launch(dist_workers.ddp_step, 2)
+    for s in stats:
+        # one bucket holds weight (32) and bias (4): one all-reduce of 36 fp32 elements
+        assert s == {"all_reduce": {"calls": 1, "bytes": 36 * 4, "numel": 36}}
+
+
+def test_a_failing_rank_raises_in_the_parent_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(DistributedError, match=r"(?s)rank 1 of 2 raised.*ValueError: rank one was given a bad shard"):
+        launch(dist_workers.fails_on_rank_one, 2, timeout_s=20)
+    assert time.monotonic() - start < 30
+
+
+def test_a_hung_collective_times_out_with_a_clear_error_and_leaves_no_process():
+    before = {p.pid for p in multiprocessing.active_children()}
+    start = time.monotonic()
+    with pytest.raises(DistributedError, match=r"(?s)rank 0 of 2 raised.*[Tt]imed out"):
+        launch(dist_workers.hangs_on_rank_one, 2, timeout_s=3)
+    assert time.monotonic() - start < 30
+    time.sleep(0.5)
+    after = {p.pid for p in multiprocessing.active_children()} - before
+    assert not _alive(after)
+
+
+def test_results_come_back_in_rank_order_with_arguments():
+    out = launch(dist_workers.rank_and_pid, 2, 10)
+    assert [r for r, _ in out] == [10, 11]
+    assert len({pid for _, pid in out}) == 2 and os.getpid() not in {pid for _, pid in out}
+
+
+def test_world_size_one_and_bad_world_size():
+    assert launch(dist_workers.rank_and_pid, 1)[0][0] == 0
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="world_size"):
+            launch(dist_workers.rank_and_pid, bad)
+    with pytest.raises(ValueError, match="backend='mpi'"):
+        launch(dist_workers.rank_and_pid, 2, backend="mpi")
+
+
+def test_under_torchrun_environment_runs_in_process(monkeypatch):
+    port = free_port()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    try:
+        assert launch(dist_workers.rank_and_pid, 1) == [(0, os.getpid())]
+        with pytest.raises(ValueError, match="WORLD_SIZE=1"):
+            launch(dist_workers.rank_and_pid, 2)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_counter_counts_nothing_without_collectives():
+    with CommCounter() as comm:
+        torch.ones(3).sum()
+    assert comm.stats.as_dict() == {} and comm.log == []
