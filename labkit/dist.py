@@ -56,6 +56,8 @@ def init_from_env(backend: str | None = None, timeout_s: float = 30.0) -> tuple[
 def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, results):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    if backend == "gloo":  # every rank is on this machine: connect over loopback
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -131,7 +131,9 @@ class MemoryMeter(TorchDispatchMode):
 
     def _freed_callback(self, rec, key):
         def freed(_ref):
-            self._events.append((len(self._ops) - 1, rec, -rec.nbytes))
+            # Freed after op i (or inside op i+1): the state after op i still holds it, as the
+            # allocator's did; it is gone from the state after op i+1.
+            self._events.append((len(self._ops), rec, -rec.nbytes))
             if self._by_storage.get(key) is rec:
                 del self._by_storage[key]
         return freed
@@ -204,8 +206,8 @@ class MemoryMeter(TorchDispatchMode):
         """Replay the allocation events into a per-op timeline of bytes by category."""
         n = len(self._ops)
         delta = {c: [0] * n for c in CATEGORIES}
-        for idx, rec, nbytes in self._events:
-            delta[rec.category or "temporaries"][idx] += nbytes
+        for idx, rec, nbytes in self._events:  # frees after the last op land on it
+            delta[rec.category or "temporaries"][min(idx, n - 1)] += nbytes
         timeline, running = {}, {}
         for c in CATEGORIES:
             acc, series = 0, []

@@ -1,0 +1,65 @@
+"""Shared pytest setup: the book build, the pages of the TOC, and xdist grouping."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks (--dist loadgroup)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """nbval runs a notebook's cells in order in one kernel: send them to one worker."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.xdist_group("nbval:" + item.nodeid.split("::")[0]))
+
+
+def toc_pages() -> list[str]:
+    """Every page listed in _toc.yml, as docnames without suffix ("chapters/01_memory_wall")."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+
+    def walk(entries: list[dict]) -> None:
+        for entry in entries:
+            if "file" in entry:
+                pages.append(entry["file"])
+            for key in ("parts", "chapters", "sections"):
+                walk(entry.get(key, []))
+
+    walk([toc])
+    return [str(Path(p).with_suffix("")) if Path(p).suffix in (".md", ".ipynb") else p
+            for p in pages]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run a test that takes ``toc_page`` once for every page of the book."""
+    if "toc_page" in metafunc.fixturenames:
+        metafunc.parametrize("toc_page", toc_pages())
+
+
+@dataclass
+class BookBuild:
+    returncode: int
+    log: str
+    html: Path  # the _build/html folder
+
+
+@pytest.fixture(scope="session")
+def built_book(tmp_path_factory: pytest.TempPathFactory) -> BookBuild:
+    """Build the book once per session (per xdist worker) with -W into a temporary folder.
+
+    Tests using it carry ``pytest.mark.xdist_group("book")`` so that one worker builds it.
+    """
+    out = tmp_path_factory.mktemp("book")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_book.py"), "--path-output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )
+    return BookBuild(proc.returncode, proc.stdout + proc.stderr, out / "_build" / "html")

@@ -1,0 +1,301 @@
+"""Build and grade the course's autograded exercises with otter-grader, locally and without docker.
+
+    python scripts/exercises.py build [CHAPTER ...]
+        otter assign each exercises/source/<name>.ipynb into exercises/dist/<name>/ (autograder zip
+        and solutions; gitignored) and copy the student notebook to exercises/student/<name>.ipynb
+        (committed). CHAPTER is a notebook name such as 01_memory_wall, or its number (1 or 01).
+
+    python scripts/exercises.py grade SUBMISSION.ipynb [--timeout 60]
+        grade a filled-in notebook with `otter run` against its chapter's autograder (built first
+        if missing or older than its source); print each question's score and the total. A
+        submission that runs longer than --timeout seconds is stopped, kernel and all, and scores
+        zero. The chapter comes from the notebook's metadata; --chapter overrides it.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_DIR = ROOT / "exercises" / "source"
+DIST_DIR = ROOT / "exercises" / "dist"
+STUDENT_DIR = ROOT / "exercises" / "student"
+# Every process of one grading run (otter, its kernel) carries this variable, so a timeout can find
+# and stop all of them, including the kernel, which jupyter starts in a session of its own.
+TOKEN_ENV = "EXERCISES_GRADE_TOKEN"
+
+
+class ExerciseError(Exception):
+    """A bad argument: an unknown chapter, a missing or unreadable file (exit status 2)."""
+
+
+class GradingError(ExerciseError):
+    """otter assign or otter run failed for a reason other than a timeout (exit status 1)."""
+
+
+def available_chapters(source_dir=SOURCE_DIR):
+    """Map each source notebook's name (its file stem) to its path."""
+    return {p.stem: p for p in sorted(Path(source_dir).glob("*.ipynb"))}
+
+
+def resolve_chapter(chapter, source_dir=SOURCE_DIR):
+    """Return the notebook name for `chapter`: a full name (01_memory_wall) or a number (1, 01)."""
+    names = available_chapters(source_dir)
+    if chapter in names:
+        return chapter
+    if chapter.isdigit():
+        number = int(chapter)
+        matches = [n for n in names if n.split("_")[0].isdigit() and int(n.split("_")[0]) == number]
+        if len(matches) == 1:
+            return matches[0]
+    raise ExerciseError(
+        f"chapter={chapter!r} is not one of {sorted(names)} (or their numbers) in {source_dir}"
+    )
+
+
+def _stable_cell_ids(nb):
+    """Give generated cells ids that depend on their position and source, not on chance."""
+    for i, cell in enumerate(nb["cells"]):
+        if not str(cell.get("id", "")).startswith("cell-"):  # ids authored in the source are kept
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["id"] = "gen-" + hashlib.sha1(f"{i}:{source}".encode()).hexdigest()[:8]
+    return nb
+
+
+def build(chapter, *, source_dir=SOURCE_DIR, dist_dir=DIST_DIR, student_dir=STUDENT_DIR):
+    """Run otter assign for one chapter; return the path of its autograder zip.
+
+    Writes dist_dir/<name>/{autograder,student}/ and, unless student_dir is None, copies the
+    student notebook (stable cell ids) to student_dir/<name>.ipynb.
+    """
+    name = resolve_chapter(chapter, source_dir)
+    source = available_chapters(source_dir)[name]
+    out = Path(dist_dir).resolve() / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "otter", "assign", str(source.resolve()), str(out)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        log = (proc.stdout + proc.stderr)[-6000:]
+        raise GradingError(f"otter assign failed for {source} (do the solutions pass?):\n{log}")
+    if student_dir is not None:
+        nb = json.loads((out / "student" / f"{name}.ipynb").read_text())
+        Path(student_dir).mkdir(parents=True, exist_ok=True)
+        text = json.dumps(_stable_cell_ids(nb), indent=1, ensure_ascii=False) + "\n"
+        (Path(student_dir) / f"{name}.ipynb").write_text(text)
+    return find_autograder(name, dist_dir)
+
+
+def find_autograder(name, dist_dir=DIST_DIR):
+    """The newest autograder zip built for `name`, or None."""
+    zips = sorted((Path(dist_dir) / name / "autograder").glob(f"{name}-autograder_*.zip"))
+    return zips[-1] if zips else None
+
+
+def question_points(autograder_zip):
+    """{question: points} read from the test files inside an autograder zip (OK format)."""
+    points = {}
+    with zipfile.ZipFile(autograder_zip) as z:
+        for member in sorted(z.namelist()):
+            if member.startswith("tests/") and member.endswith(".py"):
+                ns = {}
+                exec(z.read(member).decode(), ns)  # our own generated file: `test = {...}`
+                test = ns["test"]
+                cases = test["suites"][0]["cases"]
+                points[test["name"]] = test["points"] if test["points"] is not None else len(cases)
+    return points
+
+
+def _processes_to_stop(root_pid, token):
+    """pids of root_pid's descendants and of every process carrying the run's token (/proc)."""
+    parents, pids = {}, set()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parents[int(entry.name)] = int(fields[1])  # field 4 of stat: the parent pid
+            if f"{TOKEN_ENV}={token}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                pids.add(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended, or is not ours to read
+    frontier = {root_pid}
+    while frontier:
+        children = {pid for pid, ppid in parents.items() if ppid in frontier} - pids
+        pids |= children
+        frontier = children
+    return pids | {root_pid}
+
+
+def _stop(proc, token):
+    """SIGKILL the run: otter's process group, the kernel's session, and every token carrier."""
+    if os.name != "posix":  # no process groups: kill otter; ipykernel exits when its parent dies
+        proc.kill()
+        proc.wait()
+        return
+    pids = _processes_to_stop(proc.pid, token)
+    groups = set()
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except OSError:
+            pass
+    groups.discard(os.getpgrp())  # never our own group
+    kills = [(os.killpg, g) for g in groups] + [(os.kill, p) for p in pids - {os.getpid()}]
+    for kill, target in kills:
+        try:
+            kill(target, signal.SIGKILL)
+        except OSError:
+            pass  # already gone
+    proc.wait()
+    deadline = time.monotonic() + 5  # return only once they are gone (or zombies awaiting init)
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids - {proc.pid}):
+        time.sleep(0.05)
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _submission_name(nb_path):
+    """The assignment name otter assign wrote into a notebook's metadata, or None."""
+    try:
+        nb = json.loads(Path(nb_path).read_text())
+    except (OSError, ValueError) as e:
+        raise ExerciseError(f"submission={str(nb_path)!r} is not a readable notebook: {e}")
+    return nb.get("metadata", {}).get("otter", {}).get("assignment_name"), nb
+
+
+def grade(submission, *, timeout=60.0, chapter=None, source_dir=SOURCE_DIR, dist_dir=DIST_DIR):
+    """Grade one notebook with otter run in a subprocess; return a results dict.
+
+    {'chapter', 'scores': {q: score}, 'max_scores': {q: points}, 'total', 'max_total',
+     'timed_out', 'seconds', 'run_id' (the value of TOKEN_ENV in the run's processes)}.
+    On timeout every question scores 0.
+    """
+    submission = Path(submission)
+    if not submission.is_file() or submission.suffix != ".ipynb":
+        raise ExerciseError(f"submission={str(submission)!r} is not an existing .ipynb file")
+    meta_name, nb = _submission_name(submission)
+    name = resolve_chapter(chapter, source_dir) if chapter else meta_name
+    if name is None:
+        name = next((n for n in available_chapters(source_dir) if n in submission.stem), None)
+    if name is None:
+        raise ExerciseError(
+            f"submission={str(submission)!r} names no chapter in its metadata; pass --chapter"
+        )
+    name = resolve_chapter(name, source_dir)
+    if meta_name not in (None, name):
+        raise ExerciseError(f"submission={str(submission)!r} is for {meta_name!r}, not {name!r}")
+    autograder = find_autograder(name, dist_dir)
+    source_mtime = available_chapters(source_dir)[name].stat().st_mtime
+    if autograder is None or autograder.stat().st_mtime < source_mtime:  # missing or stale
+        autograder = build(name, source_dir=source_dir, dist_dir=dist_dir, student_dir=None)
+    max_scores = question_points(autograder)
+
+    token = uuid.uuid4().hex
+    work = Path(tempfile.mkdtemp(prefix="exercises-grade-"))
+    try:
+        nb.setdefault("metadata", {}).setdefault("otter", {})["assignment_name"] = name
+        sub_copy = work / "submission" / submission.name
+        sub_copy.parent.mkdir()
+        sub_copy.write_text(json.dumps(nb))
+        (work / "tmp").mkdir()
+        env = dict(os.environ, **{TOKEN_ENV: token, "TMPDIR": str(work / "tmp")})
+        log_path = work / "otter.log"
+        start = time.monotonic()
+        with open(log_path, "w") as log:  # a file, not a pipe: no wait on a straggler's EOF
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "otter", "run", "--no-logo", "-a", str(autograder),
+                 "-o", str(work), str(sub_copy)],
+                cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group, which _stop kills whole
+            )
+            try:
+                proc.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                _stop(proc, token)
+                timed_out = True
+        seconds = time.monotonic() - start
+        scores = {q: 0.0 for q in max_scores}
+        if not timed_out:
+            results_path = work / "results.json"
+            if proc.returncode != 0 or not results_path.is_file():
+                raise GradingError(
+                    f"otter run failed on submission={str(submission)!r} "
+                    f"(exit {proc.returncode}):\n" + log_path.read_text()[-3000:]
+                )
+            for test in json.loads(results_path.read_text())["tests"]:
+                if test["name"] in scores:
+                    scores[test["name"]] = float(test["score"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "chapter": name, "scores": scores, "max_scores": max_scores,
+        "total": sum(scores.values()), "max_total": sum(max_scores.values()),
+        "timed_out": timed_out, "seconds": seconds, "run_id": token,
+    }
+
+
+def _print_results(submission, r, timeout):
+    print(f"Grading {submission} against {r['chapter']} (timeout {timeout:g} s)")
+    if r["timed_out"]:
+        print(f"TIMED OUT after {timeout:g} s: the notebook did not finish (an infinite loop?); "
+              "every question scores 0.")
+    for q, max_score in r["max_scores"].items():
+        print(f"  {q:<8} {r['scores'][q]:6.2f} / {max_score:g}")
+    print(f"  {'total':<8} {r['total']:6.2f} / {r['max_total']:g}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_build = sub.add_parser("build", help="otter assign source notebooks into dist/ and student/")
+    p_build.add_argument("chapters", nargs="*", metavar="CHAPTER", help="default: all chapters")
+    p_grade = sub.add_parser("grade", help="grade a submitted notebook locally with otter run")
+    p_grade.add_argument("submission", metavar="SUBMISSION.ipynb")
+    p_grade.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    p_grade.add_argument("--chapter", help="chapter to grade against (default: from the notebook)")
+    for p in (p_build, p_grade):
+        p.add_argument("--source-dir", type=Path, default=SOURCE_DIR, help=argparse.SUPPRESS)
+        p.add_argument("--dist-dir", type=Path, default=DIST_DIR, help=argparse.SUPPRESS)
+    p_build.add_argument("--student-dir", type=Path, default=STUDENT_DIR, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            names = [resolve_chapter(c, args.source_dir) for c in args.chapters]
+            for name in names or list(available_chapters(args.source_dir)):
+                zip_path = build(name, source_dir=args.source_dir, dist_dir=args.dist_dir,
+                                 student_dir=args.student_dir)
+                print(f"built {name}: {zip_path}; student notebook in {args.student_dir}")
+        else:
+            if args.timeout <= 0:
+                raise ExerciseError(f"--timeout={args.timeout:g} must be a positive number of "
+                                    "seconds")
+            r = grade(args.submission, timeout=args.timeout, chapter=args.chapter,
+                      source_dir=args.source_dir, dist_dir=args.dist_dir)
+            _print_results(args.submission, r, args.timeout)
+    except ExerciseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1 if isinstance(e, GradingError) else 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The exercise pipeline: otter assign builds, otter run grades, and nothing hidden leaks.
+
+Builds every chapter once into a temporary folder (scripts/exercises.py build), then grades the
+solutions, an untouched student notebook and an endless loop with scripts/exercises.py grade.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "exercises.py"
+COMMITTED_STUDENT_DIR = ROOT / "exercises" / "student"
+
+# One xdist worker builds the exercises once and runs every test of this module.
+pytestmark = pytest.mark.xdist_group("exercises")
+
+# A test cell's config block: """ # BEGIN TEST CONFIG ... """ # END TEST CONFIG
+CONFIG_RE = r'\s*"""\s*#\s*BEGIN TEST CONFIG(.*?)"""\s*#\s*END TEST CONFIG\n'
+
+_spec = importlib.util.spec_from_file_location("exercises_script", SCRIPT)
+ex = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ex)
+
+CHAPTERS = list(ex.available_chapters())
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Every chapter built into a temporary dist/ and student/ folder: {name: autograder zip}."""
+    root = tmp_path_factory.mktemp("exercises")
+    dist, student = root / "dist", root / "student"
+    zips = {name: ex.build(name, dist_dir=dist, student_dir=student) for name in CHAPTERS}
+    return {"dist": dist, "student": student, "zips": zips}
+
+
+def _source(cell) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _all_strings(obj) -> list[str]:
+    """Every string inside a JSON document (so escaped quotes in the file do not hide a match)."""
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for k, v in obj.items() for s in [k, *_all_strings(v)]]
+    if isinstance(obj, list):
+        return [s for v in obj for s in _all_strings(v)]
+    return []
+
+
+def _readable_text(path: Path) -> str:
+    raw = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix in (".ipynb", ".json"):
+        raw += "\n" + "\n".join(_all_strings(json.loads(raw)))
+    return raw
+
+
+def _hidden_test_needles(source_nb: Path) -> list[list[str]]:
+    """For each hidden test cell of a source notebook, its code lines found in no other cell.
+
+    Lines are taken both as written and as otter rewrites them (ast.unparse), since otter stores
+    tests in that normal form.
+    """
+    cells = json.loads(source_nb.read_text())["cells"]
+    hidden, others, in_tests = [], [], False
+    for cell in cells:
+        text = _source(cell)
+        if cell["cell_type"] == "raw" and re.match(r"#\s*(BEGIN|END)\s+TESTS", text.strip()):
+            in_tests = text.strip().split()[1] == "BEGIN"
+            continue
+        config = re.match(CONFIG_RE, text, re.S)
+        if in_tests and config and re.search(r"hidden:\s*true", config.group(1)):
+            body = text[config.end():]
+            hidden.append(body.splitlines() + ast.unparse(ast.parse(body)).splitlines())
+        else:
+            others.append(text)
+    elsewhere = "\n".join(others)
+    needles = []
+    for lines in hidden:
+        distinct = {ln.strip() for ln in lines if len(ln.strip()) >= 12}
+        needles.append(sorted(ln for ln in distinct if ln not in elsewhere))
+    return needles
+
+
+def _processes_of_run(run_id: str) -> list[int]:
+    """pids of live processes of one grading run (they carry its token in their environment)."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"{ex.TOKEN_ENV}={run_id}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_solution_scores_full_marks(built, chapter, tmp_path):
+    solution = built["dist"] / chapter / "autograder" / f"{chapter}.ipynb"
+    submission = tmp_path / "my.ipynb"  # a student's own file name, not the chapter's
+    submission.write_bytes(solution.read_bytes())
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "grade", str(submission), "--timeout", "300",
+         "--dist-dir", str(built["dist"])],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    points = ex.question_points(built["zips"][chapter])
+    assert len(points) >= 3 and all(p > 0 for p in points.values()), points
+    for q, p in points.items():
+        assert re.search(rf"^\s*{q}\s+{p:.2f} / {p:g}$", proc.stdout, re.M), proc.stdout
+    total = sum(points.values())
+    assert re.search(rf"^\s*total\s+{total:.2f} / {total:g}$", proc.stdout, re.M), proc.stdout
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_untouched_student_notebook_scores_zero(built, chapter):
+    result = ex.grade(built["student"] / f"{chapter}.ipynb", timeout=300, dist_dir=built["dist"])
+    assert not result["timed_out"]
+    assert result["max_total"] > 0 and set(result["scores"]) == set(result["max_scores"])
+    assert result["scores"] == {q: 0.0 for q in result["max_scores"]}
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_hidden_tests_never_reach_students(built, chapter):
+    needles = _hidden_test_needles(ex.SOURCE_DIR / f"{chapter}.ipynb")
+    assert needles and all(needles), f"every hidden test needs a distinctive line: {needles}"
+    # The scan finds them where they belong: in the autograder.
+    with zipfile.ZipFile(built["zips"][chapter]) as z:
+        autograder = "\n".join(z.read(n).decode() for n in z.namelist() if n.startswith("tests/"))
+    for lines in needles:
+        assert any(ln in autograder for ln in lines), f"hidden test not in the autograder: {lines}"
+    # ... and nowhere a student looks: the built student folder and the committed notebook.
+    student_files = [p for p in (built["dist"] / chapter / "student").rglob("*") if p.is_file()]
+    student_files += [built["student"] / f"{chapter}.ipynb",
+                      COMMITTED_STUDENT_DIR / f"{chapter}.ipynb"]
+    for path in student_files:
+        text = _readable_text(path)
+        leaked = [ln for lines in needles for ln in lines if ln in text]
+        assert not leaked, f"{path} contains hidden test code: {leaked[:3]}"
+
+
+def test_endless_loop_is_cut_off_and_scores_zero(built, tmp_path):
+    chapter = CHAPTERS[0]
+    nb = json.loads((built["student"] / f"{chapter}.ipynb").read_text())
+    answer = next(c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", []))
+    answer["source"] = "while True:\n    pass\n"
+    submission = tmp_path / "loop.ipynb"
+    submission.write_text(json.dumps(nb))
+    start = time.monotonic()
+    result = ex.grade(submission, timeout=20, dist_dir=built["dist"])
+    elapsed = time.monotonic() - start
+    assert result["timed_out"]
+    assert result["scores"] == {q: 0.0 for q in result["max_scores"]} and result["max_total"] > 0
+    assert elapsed < 20 + 15, f"grading took {elapsed:.0f} s with a 20 s timeout"
+    # No grace period: the kernel runs in a session of its own and would linger ~1 s if only
+    # otter's process group were killed.
+    assert not _processes_of_run(result["run_id"]), "otter or its kernel outlived the timeout"
+
+
+def test_committed_student_notebooks_are_up_to_date(built):
+    committed = sorted(p.stem for p in COMMITTED_STUDENT_DIR.glob("*.ipynb"))
+    assert committed == sorted(CHAPTERS), "exercises/student/ and exercises/source/ differ"
+    for chapter in CHAPTERS:
+        fresh = json.loads((built["student"] / f"{chapter}.ipynb").read_text())
+        old = json.loads((COMMITTED_STUDENT_DIR / f"{chapter}.ipynb").read_text())
+        regenerate = f"regenerate it: python scripts/exercises.py build {chapter}"
+        cells = [[(c["cell_type"], _source(c)) for c in nb["cells"]] for nb in (old, fresh)]
+        assert cells[0] == cells[1], f"{chapter}: cells differ; {regenerate}"
+        assert old["metadata"].get("otter") == fresh["metadata"].get("otter"), \
+            f"{chapter}: public tests differ; {regenerate}"
+
+
+@pytest.mark.parametrize("args, named", [
+    (["build", "99_no_such_chapter"], "99_no_such_chapter"),
+    (["grade", "no_such_submission.ipynb"], "no_such_submission.ipynb"),
+    (["grade", str(SCRIPT)], "exercises.py"),  # exists, but is not a notebook
+])
+def test_bad_arguments_name_the_argument(args, named):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert named in proc.stderr and proc.stderr.startswith("error:"), proc.stderr
