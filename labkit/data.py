@@ -27,7 +27,7 @@ def decode(tokens) -> str:
 
 def load_corpus() -> torch.Tensor:
     """The shipped corpus as a 1-D int64 tensor of byte tokens."""
-    text = resources.files("labkit").joinpath("data/shakespeare.txt").read_text(encoding="utf-8")
+    text = resources.files("labkit").joinpath("corpus/shakespeare.txt").read_text(encoding="utf-8")
     return encode(text)
 
 
@@ -52,3 +52,29 @@ def batches(batch_size: int, seq_len: int, seed: int = 0, device: str | torch.de
     gen = torch.Generator().manual_seed(seed)
     while True:
         yield get_batch(tokens, batch_size, seq_len, generator=gen, device=device)
+
+
+def get_padded_batch(tokens: torch.Tensor, lengths, seq_len: int | None = None,
+                     generator: torch.Generator | None = None, device: str | torch.device = "cpu",
+                     pad_id: int = 0, ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of the corpus of the given real ``lengths``, right-padded to T = ``seq_len`` (or max).
+
+    Returns x (B, T) with ``pad_id`` after each sequence and targets y (B, T) with
+    ``ignore_index`` there, so a loss over y != ignore_index counts real tokens only.
+    """
+    lengths = [int(n) for n in lengths]
+    if not lengths:
+        raise ValueError("lengths=[] must name at least one sequence length")
+    T = max(lengths) if seq_len is None else seq_len
+    if not 0 < T < len(tokens):
+        raise ValueError(f"seq_len={T} must be in [1, {len(tokens) - 1}] for this corpus")
+    if min(lengths) < 1 or max(lengths) > T:
+        raise ValueError(f"lengths={lengths} must each be in [1, seq_len={T}]")
+    x, y = get_batch(tokens, len(lengths), T, generator=generator)  # (B, T), (B, T)
+    real = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T) bool
+    x = x.masked_fill(~real, pad_id)
+    y = y.masked_fill(~real, ignore_index)
+    return x.to(device), y.to(device)
+
+
+__all__.append("get_padded_batch")

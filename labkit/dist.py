@@ -11,6 +11,7 @@ hangs hits the process-group timeout; nothing is left running.
 from __future__ import annotations
 
 import datetime
+import io
 import os
 import queue as queue_mod
 import socket
@@ -67,7 +68,11 @@ def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, result
             out = fn(rank, world_size, *args, **kwargs)
         finally:
             dist.destroy_process_group()
-        results.put((rank, True, out))
+        # torch.save, not the queue's tensor sharing: shared-memory tensors would vanish
+        # with this process, which may exit before the parent reads them
+        buf = io.BytesIO()
+        torch.save(out, buf)
+        results.put((rank, True, buf.getvalue()))
     except BaseException:  # report everything, including KeyboardInterrupt in a rank
         results.put((rank, False, traceback.format_exc()))
 
@@ -97,7 +102,7 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes; return results.
 
     ``fn`` must be importable (defined in a module, not in a notebook cell) and return
-    something picklable. ``timeout_s`` bounds every collective; ``join_timeout_s`` (default
+    something picklable; tensors in it come back on the CPU. ``timeout_s`` bounds every collective; ``join_timeout_s`` (default
     ``timeout_s + 60``) bounds the whole run. Under torchrun, runs ``fn`` here and returns
     ``[result]`` of this rank.
     """
@@ -142,7 +147,7 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
                     continue
             if not ok:
                 raise DistributedError(_failure_message(world_size, {rank: value}, results))
-            outputs[rank] = value
+            outputs[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=False)
     finally:
         for p in procs:
             p.join(timeout=5 if not outputs or len(outputs) == world_size else 0.1)

@@ -55,3 +55,7 @@ def hangs_on_rank_one(rank, world_size):
 
 def rank_and_pid(rank, world_size, offset=0):
     return rank + offset, os.getpid()
+
+
+def returns_tensors(rank, world_size):
+    return {"t": torch.full((3,), float(rank)), "nested": [torch.arange(rank + 1)]}

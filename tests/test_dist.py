@@ -105,3 +105,9 @@ def test_counter_counts_nothing_without_collectives():
     with CommCounter() as comm:
         torch.ones(3).sum()
     assert comm.stats.as_dict() == {} and comm.log == []
+
+
+def test_ranks_can_return_tensors():
+    out = launch(dist_workers.returns_tensors, 2)
+    assert [r["t"].tolist() for r in out] == [[0.0] * 3, [1.0] * 3]
+    assert out[1]["nested"][0].tolist() == [0, 1]

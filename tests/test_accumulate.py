@@ -1,0 +1,206 @@
+"""labkit.accumulate against one full-batch step, on one process (the DDP window: test_accumulate_ddp.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from labkit.accumulate import (
+    TokenMLP, accumulate_gradients, accumulate_gradients_naive, accumulation_step, accumulation_step_naive,
+    measure_microbatch, microbatch_for_budget, split_microbatches,
+)
+from labkit.data import get_batch, get_padded_batch, load_corpus
+from labkit.memory import activation_bytes, model_state_bytes
+from labkit.model import build_model, get_preset
+
+CFG = get_preset("tiny", n_layer=2, seq_len=32)
+LENGTHS = [32, 30, 4, 3, 28, 5, 31, 2]  # long and short sequences: micro-batches differ in tokens
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tensors this small gain nothing from threads and lose a lot on a shared CPU; restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def batch(kind: str, batch_size: int = 8):
+    gen = torch.Generator().manual_seed(0)
+    if kind == "padded":
+        return get_padded_batch(load_corpus(), LENGTHS[:batch_size], CFG.seq_len, generator=gen)
+    return get_batch(load_corpus(), batch_size, CFG.seq_len, generator=gen)
+
+
+def flat_grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def flat_params(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def full_batch_reference(model, x, y):
+    """One full-batch step by the model's own loss, fp32 and fp64: (grads32, grads64, loss32, model32)."""
+    m32, m64 = copy.deepcopy(model), copy.deepcopy(model).double()
+    loss = m32(x, y)  # GPT's mean cross-entropy over targets != -100: no code shared with labkit.accumulate
+    loss.backward()
+    m64(x, y).backward()
+    return flat_grads(m32), flat_grads(m64), loss.item(), m32
+
+
+def test_split_microbatches_uneven_and_bad_input():
+    x, y = batch("equal", batch_size=7)
+    parts = split_microbatches(x, y, 3)
+    assert [len(px) for px, _ in parts] == [3, 2, 2]
+    assert torch.equal(torch.cat([px for px, _ in parts]), x) and torch.equal(torch.cat([py for _, py in parts]), y)
+    for k in (0, 8):
+        with pytest.raises(ValueError, match=f"num_microbatches={k}"):
+            split_microbatches(x, y, k)
+
+
+@pytest.mark.parametrize("kind, batch_size, k", [("equal", 8, 4), ("equal", 7, 3), ("padded", 8, 3), ("padded", 8, 4)])
+def test_accumulation_equals_full_batch_step(kind, batch_size, k):
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    x, y = batch(kind, batch_size)
+    g32, g64, loss_full, ref = full_batch_reference(model, x, y)
+
+    acc = copy.deepcopy(model)
+    loss = accumulate_gradients(acc, split_microbatches(x, y, k))
+    g_acc = flat_grads(acc)
+    # Same sums in another order: the accumulated fp32 gradient may be no further from the fp64
+    # gradient than twice the full-batch fp32 gradient is (the flash-attention test rule).
+    assert (g_acc.double() - g64).norm() <= 2 * (g32.double() - g64).norm()
+    assert abs(loss - loss_full) <= 1e-5 * loss_full  # fp32 sums of N <= 256 terms: a few ulp of ~5.5
+
+    # The optimizer step: SGD moves a parameter by lr * grad, so params differ by lr * (grad error
+    # <= 1e-7, as bounded above) plus one fp32 rounding of |p| < 0.1: atol 1e-7 leaves a 10x margin.
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    stepped = copy.deepcopy(model)
+    accumulation_step(stepped, torch.optim.SGD(stepped.parameters(), lr=0.1), x, y, k)
+    torch.testing.assert_close(flat_params(stepped), flat_params(ref), rtol=0, atol=1e-7)
+    assert not torch.equal(flat_params(stepped), flat_params(model))  # a step was taken
+
+
+def test_naive_normalisation_differs_by_the_predicted_token_weights():
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    x, y = batch("padded")
+    k = 4
+    g32, _, _, _ = full_batch_reference(model, x, y)
+    naive = copy.deepcopy(model)
+    naive_loss = accumulate_gradients_naive(naive, split_microbatches(x, y, k))
+    g_naive = flat_grads(naive)
+
+    # The bug, predicted: a token of micro-batch i weighs N / (k N_i) instead of 1. Rebuild that
+    # weighted loss in one full-batch pass with per-token weights and compare gradients.
+    weighted = copy.deepcopy(model)
+    token_loss = F.cross_entropy(weighted(x).flatten(0, 1), y.flatten(), reduction="none").view_as(y)  # (B, T)
+    real = (y != -100).float()  # (B, T)
+    rows = torch.arange(len(x)).tensor_split(k)
+    counts = [real[r].sum() for r in rows]  # N_i
+    weights = torch.cat([torch.full((len(r), 1), 1.0 / (k * float(n))) for r, n in zip(rows, counts)])  # (B, 1)
+    (token_loss * real * weights).sum().backward()
+    # The same terms with the same weights, summed in another order: fp32 round-off of gradients
+    # |g| < 0.5, measured <= 6e-8; atol 1e-6 leaves a 16x margin and is far below the 50% effect.
+    torch.testing.assert_close(g_naive, flat_grads(weighted), rtol=0, atol=1e-6)
+    means = [(token_loss[r].detach() * real[r]).sum() / n for r, n in zip(rows, counts)]  # S_i / N_i
+    assert naive_loss == pytest.approx(float(sum(means) / k), rel=1e-5)  # fp32 sums of <= 256 terms
+
+    relative = ((g_naive - g32).norm() / g32.norm()).item()
+    print(f"token counts per micro-batch {[int(n) for n in counts]}: naive gradient off by {relative:.1%}")
+    assert relative > 0.1  # measured about 50% with these lengths; float noise is ~1e-7
+
+
+def test_naive_equals_correct_when_token_counts_are_equal():
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    x, y = batch("equal")  # 8 full-length sequences, k = 4: every N_i = N / k
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    accumulation_step(a, torch.optim.SGD(a.parameters(), lr=0.1), x, y, 4)
+    accumulation_step_naive(b, torch.optim.SGD(b.parameters(), lr=0.1), x, y, 4)
+    # 1/(k N_i) == 1/N exactly here, but the scale is applied in another order: fp32 rounding.
+    torch.testing.assert_close(flat_params(a), flat_params(b), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_batchnorm_breaks_equivalence_layernorm_keeps_it(norm):
+    torch.manual_seed(0)
+    model = TokenMLP(vocab_size=256, d_model=32, norm=norm)
+    x, y = torch.randint(256, (8, 16)), torch.randint(256, (8, 16))
+    full = copy.deepcopy(model)
+    F.cross_entropy(full(x).flatten(0, 1), y.flatten()).backward()
+    acc = copy.deepcopy(model)
+    accumulate_gradients(acc, split_microbatches(x, y, 4))
+    relative = ((flat_grads(acc) - flat_grads(full)).norm() / flat_grads(full).norm()).item()
+    print(f"{norm} norm: accumulated gradient off by {relative:.2e}")
+    if norm == "layer":
+        assert relative < 1e-5  # per-token statistics: only fp32 summation order differs (~2e-7)
+    else:
+        assert relative > 0.05  # per-micro-batch mean and variance: measured about 25%
+        # the running statistics differ too: four updates from micro-batches instead of one
+        assert not torch.allclose(acc.norm.running_var, full.norm.running_var, rtol=1e-3)
+
+
+def test_window_errors_say_why():
+    model = build_model(CFG)
+    x, y = batch("padded")
+    with pytest.raises(ValueError, match="no real tokens"):
+        accumulate_gradients(model, split_microbatches(x, torch.full_like(y, -100), 2))
+    with pytest.raises(ValueError, match="num_microbatches=0"):
+        accumulation_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, 0)
+
+
+def test_microbatch_for_budget_picks_the_largest_that_fits():
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    cache = {}
+
+    def peak(b):  # measured, steady-state AdamW step
+        if b not in cache:
+            cache[b] = measure_microbatch(model, lambda p: torch.optim.AdamW(p, lr=1e-3), b, CFG.seq_len).peak_bytes
+        return cache[b]
+
+    global_batch = 8
+    budget = (peak(5) + peak(6)) // 2  # between two sizes: 5 fits, 6 does not
+    b, k = microbatch_for_budget(peak, global_batch, budget)
+    brute = max(m for m in range(1, global_batch + 1) if peak(m) <= budget)  # linear scan
+    assert (b, k) == (brute, 2) == (5, 2)
+    sizes = [len(px) for px, _ in split_microbatches(*batch("equal"), k)]
+    assert max(sizes) <= b and sum(sizes) == global_batch  # k steps of at most b reach the batch
+    with pytest.raises(ValueError, match="below the peak of one sample"):
+        microbatch_for_budget(peak, global_batch, peak(1) - 1)
+
+
+def test_microbatch_for_budget_search_is_logarithmic():
+    calls = []
+
+    def peak(b):
+        calls.append(b)
+        return 1000 + 100 * b
+
+    assert microbatch_for_budget(peak, 1000, 1000 + 100 * 37 + 50) == (37, 28)  # ceil(1000 / 37) = 28
+    assert len(calls) <= 12  # log2(1000) + 2, against 1000 for a scan
+    assert microbatch_for_budget(peak, 10, 10**9) == (10, 1)  # never larger than the global batch
+    with pytest.raises(ValueError, match="global_batch_size=0"):
+        microbatch_for_budget(peak, 0, 10**9)
+
+
+def test_activations_scale_with_microbatch_model_states_do_not():
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    n_params = sum(p.numel() for p in model.parameters())
+    states = model_state_bytes(n_params, "fp32", "adamw", n_tensors=len(list(model.parameters())))
+    reports = {b: measure_microbatch(model, lambda p: torch.optim.AdamW(p, lr=1e-3), b, CFG.seq_len) for b in (1, 2, 4)}
+    for b, r in reports.items():
+        assert r.activations == activation_bytes(CFG, b, CFG.seq_len).total  # exact on CPU (Chapter 1)
+        assert (r.max_by_category["parameters"], r.max_by_category["gradients"], r.max_by_category["optimizer"]) \
+            == (states.params, states.grads, states.optimizer)  # the same bytes at every micro-batch
+    a = {b: r.activations for b, r in reports.items()}
+    assert a[4] - a[2] == 2 * (a[2] - a[1]) > 0  # linear in b
+    assert reports[4].peak_bytes > reports[1].peak_bytes

@@ -1,0 +1,107 @@
+"""labkit.zero without processes: shard arithmetic, volumes, refusals, the worked example."""
+
+import pytest
+import torch
+
+from labkit.memory import zero_model_state_bytes
+from labkit.zero import (FlatLayout, FullyShardedModule, ShardedOptimizer, analytic_comm_volume,
+                         check_elementwise_optimizer, comm_volume, offload_savings, padded_numel,
+                         shard_numel, shard_range)
+from labkit.zero.flat import param_slice
+
+
+@pytest.mark.parametrize("numel,world_size", [(10, 4), (3, 4), (12, 3), (0, 2), (1, 1)])
+def test_shard_ranges_tile_the_tensor_with_padding_at_the_end(numel, world_size):
+    s = shard_numel(numel, world_size)
+    assert s * world_size == padded_numel(numel, world_size) >= numel
+    assert padded_numel(numel, world_size) - numel < world_size  # never a whole extra shard
+    ranges = [shard_range(numel, world_size, r) for r in range(world_size)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == numel
+    for (a, b), (c, _) in zip(ranges, ranges[1:]):
+        assert b == c and b - a <= s  # contiguous, none larger than a shard
+
+
+def test_a_world_larger_than_the_tensor_leaves_ranks_with_padding_only():
+    assert [shard_range(3, 4, r) for r in range(4)] == [(0, 1), (1, 2), (2, 3), (3, 3)]
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: shard_range(10, 4, 4), "rank=4"),
+    (lambda: shard_range(10, 0, 0), "world_size=0"),
+    (lambda: shard_numel(-1, 2), "numel=-1"),
+    (lambda: analytic_comm_volume(10, 4), "stage=4"),
+    (lambda: comm_volume({"all_to_all": 3}), "all_to_all"),
+])
+def test_bad_arguments_raise_value_errors_that_name_them(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_param_slice_cuts_each_tensor_at_the_rank_boundary():
+    # tensors of 5 and 7 elements at offsets 0 and 5; rank range [4, 8)
+    assert param_slice(0, 5, 4, 8) == (4, 5)
+    assert param_slice(5, 7, 4, 8) == (0, 3)
+    assert param_slice(5, 7, 0, 4) == (0, 0)  # no overlap: an empty slice
+
+
+def test_flat_layout_round_trips_and_pads_with_zeros():
+    tensors = [torch.arange(6.0).view(2, 3), torch.tensor([7.0]), None]
+    layout = FlatLayout.of(["a", "b", "c"], [tensors[0], tensors[1], torch.zeros(2)])
+    flat = layout.flatten(tensors, world_size=4)  # 9 elements -> 12
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 0, 0, 0, 0, 0]
+    views = layout.views(flat)
+    assert torch.equal(views[0], tensors[0]) and views[2].shape == (2,)
+    views[1].fill_(9.0)  # views, not copies
+    assert flat[6] == 9.0
+
+
+def test_communication_volumes_follow_the_paper():
+    psi = 1_000
+    assert analytic_comm_volume(psi, 0) == analytic_comm_volume(psi, 1) == analytic_comm_volume(psi, 2) == 2 * psi
+    assert analytic_comm_volume(psi, 3) == 3 * psi  # 1.5x data parallelism
+    # two groups of 999 and 1 elements over 4 ranks pad to 1000 and 4
+    assert analytic_comm_volume(1_000, 3, 4, group_numels=[999, 1]) == 3 * 1_004
+    assert comm_volume({"all_reduce": 10, "reduce_scatter": 3, "all_gather": 4, "broadcast": 1}) == 28
+
+
+def test_zero_worked_example_of_the_paper():
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, N_d = 64, mixed-precision Adam
+    gb = {stage: zero_model_state_bytes(7_500_000_000, 64, stage).total / 1e9 for stage in range(4)}
+    assert round(gb[0]) == 120 and round(gb[1], 1) == 31.4 and round(gb[2], 1) == 16.6 and round(gb[3], 2) == 1.88
+
+
+def test_offload_leaves_only_the_16_bit_parameters_on_the_gpu():
+    s = offload_savings(7_500_000_000, world_size=64)
+    assert s.gpu_bytes_with + s.cpu_bytes == s.gpu_bytes_without
+    assert s.cpu_bytes == (2 + 12) * shard_numel(7_500_000_000, 64)  # fp16 gradients; fp32 master, m, v
+    assert s.pcie_bytes_per_step == 2 * 2 * shard_numel(7_500_000_000, 64)  # fp16 gradients down, parameters up
+    # Ren et al. 2021: a 13B model trains on one 32 GB V100; its 16-bit parameters are 26 GB
+    assert offload_savings(13_000_000_000, world_size=1).gpu_bytes_with == 26e9
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        offload_savings(10, precision="fp8")
+
+
+@pytest.mark.parametrize("cls", [torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad, torch.optim.RMSprop])
+def test_elementwise_optimizers_are_accepted(cls):
+    check_elementwise_optimizer(cls, {"lr": 1e-2})
+
+
+def test_lbfgs_is_refused_before_any_communication():
+    # no process group exists here: the refusal must come first
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(ValueError, match="optimizer_cls=LBFGS cannot be sharded.*closure"):
+        ShardedOptimizer(params, torch.optim.LBFGS, lr=1.0)
+
+
+def test_optimizers_with_factored_state_are_refused():
+    with pytest.raises(ValueError, match="optimizer_cls=Adafactor.*row_var of shape"):
+        check_elementwise_optimizer(torch.optim.Adafactor, {"lr": 1e-2})
+    with pytest.raises(TypeError, match="optimizer_cls=Linear must be a torch.optim.Optimizer"):
+        check_elementwise_optimizer(torch.nn.Linear, {})
+
+
+def test_bad_wrapper_arguments_are_refused_before_any_communication():
+    with pytest.raises(ValueError, match="bucket_numel=0"):
+        ShardedOptimizer([torch.nn.Parameter(torch.zeros(3))], torch.optim.SGD, bucket_numel=0, lr=1.0)
+    with pytest.raises(ValueError, match=r"compute_dtype=torch.int8 must be one of"):
+        FullyShardedModule(torch.nn.Linear(2, 2), compute_dtype=torch.int8)

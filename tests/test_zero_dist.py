@@ -1,0 +1,240 @@
+"""labkit.zero on real gloo ranks: training, memory, communication, checkpoints.
+
+Three launches serve every test here: 2 ranks (every scheme; saves a 2-rank checkpoint),
+4 ranks (the stages and the awkward ToyNet; saves a 4-rank checkpoint, resumes the 2-rank
+one) and 2 ranks again (resumes the 4-rank checkpoint; tries damaged ones). Each rank trains
+on its rows of the same global batches, so every scheme must match one process on all rows.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch.testing import assert_close
+
+from labkit.dist import launch
+from labkit.memory import zero_model_state_bytes
+from labkit.zero import analytic_comm_volume, comm_volume
+from labkit.zero.toy import toy_rank
+from labkit.zero.workers import STAGE, reference_run, train_rank
+
+STEPS, LR = 4, 3e-3
+KINDS_2 = ("ddp_torch", "ddp_naive", "ddp_bucketed", "zero1", "zero1_ddp", "zero1_torch", "zero2", "offload",
+           "zero3", "fsdp2", "zero3_bf16", "fsdp2_bf16")
+KINDS_4 = ("ddp_torch", "zero1", "zero1_torch", "zero2", "zero3", "fsdp2")
+# Losses: fp32 sums over ranks run in another order than over one batch: ~1e-7 relative.
+LOSS_TOL = dict(rtol=1e-6, atol=0)
+# Parameters: Adam's early steps are about lr * g / |g|, which turns that ~1e-7 relative
+# gradient difference into up to ~2e-5 where |g| is tiny (measured at lr=3e-3, 4 steps).
+PARAM_TOL = dict(rtol=0, atol=5e-5)
+GLOO = dict(backend="gloo", timeout_s=120, join_timeout_s=600)  # a loaded 2-core machine is slow
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return tmp_path_factory.mktemp("zero_ckpt")
+
+
+@pytest.fixture(scope="module")
+def runs2(ckpt):
+    return launch(train_rank, 2, KINDS_2, steps=STEPS, save={"dir": ckpt / "at2", "at": 2},
+                  save_other=ckpt / "toy2", check_refusals=True, **GLOO)
+
+
+@pytest.fixture(scope="module")
+def runs4(ckpt, runs2):
+    return launch(train_rank, 4, KINDS_4, steps=STEPS, save={"dir": ckpt / "at4", "at": 2},
+                  resume=ckpt / "at2", toy_kinds=("zero1", "zero2", "zero3"), **GLOO)
+
+
+@pytest.fixture(scope="module")
+def damaged(ckpt, runs4):
+    """Copies of the 4-rank checkpoint: a shard missing, one truncated, one from ToyNet."""
+    good = ckpt / "at4"
+    missing, truncated, foreign = ckpt / "missing", ckpt / "truncated", ckpt / "foreign"
+    for d in (missing, truncated, foreign):
+        shutil.copytree(good, d)
+    (missing / "shard-00002-of-00004.pt").unlink()
+    shard = truncated / "shard-00000-of-00004.pt"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    shutil.copy(ckpt / "toy2" / "shard-00001-of-00002.pt", foreign / "shard-00001-of-00004.pt")  # ToyNet's
+    return [missing, truncated, foreign, ckpt / "toy2"]
+
+
+@pytest.fixture(scope="module")
+def resumed2(ckpt, damaged):
+    return launch(train_rank, 2, (), steps=STEPS, resume=ckpt / "at4", bad_checkpoints=damaged, **GLOO)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_run(STEPS, lr=LR)
+
+
+def _losses(results, kind):
+    """Loss of the global batch at each step: the mean of the ranks' equal-sized batches."""
+    return torch.tensor(np.mean([r[kind]["losses"] for r in results], axis=0))
+
+
+def _params(results, kind):
+    return {k: torch.from_numpy(v) for k, v in results[0][kind]["params"].items()}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_stage_trains_like_one_process_and_like_ddp(world_size, request, reference):
+    results = request.getfixturevalue(f"runs{world_size}")
+    ref_losses, ref_params = reference
+    kinds = KINDS_2 if world_size == 2 else KINDS_4
+    for kind in (k for k in kinds if not k.endswith("bf16")):
+        assert_close(_losses(results, kind), torch.tensor(ref_losses, dtype=torch.float64), **LOSS_TOL)
+        assert_close(_params(results, kind), ref_params, **PARAM_TOL)
+        if world_size == 2:
+            # two ranks: each averaged element is g0/2 + g1/2, one rounding in either order, so
+            # every scheme must equal torch's DDP bit for bit
+            assert _params(results, kind).keys() == _params(results, "ddp_torch").keys()
+            for name, value in _params(results, kind).items():
+                assert torch.equal(value, _params(results, "ddp_torch")[name]), (kind, name)
+            assert [r[kind]["losses"] for r in results] == [r["ddp_torch"]["losses"] for r in results], kind
+        else:
+            assert_close(_params(results, kind), _params(results, "ddp_torch"), **PARAM_TOL)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_stage1_matches_zero_redundancy_optimizer_and_stage3_matches_fsdp2(world_size, request):
+    results = request.getfixturevalue(f"runs{world_size}")
+    for ours, torchs in (("zero1", "zero1_torch"), ("zero3", "fsdp2")):
+        assert_close(_losses(results, ours), _losses(results, torchs), **LOSS_TOL)
+        assert_close(_params(results, ours), _params(results, torchs), **PARAM_TOL)
+
+
+def test_bf16_stage3_errs_no_more_than_fsdp2_in_bf16(runs2, reference):
+    ref = torch.tensor(reference[0], dtype=torch.float64)
+    ours = (_losses(runs2, "zero3_bf16") - ref).abs().max().item()
+    theirs = (_losses(runs2, "fsdp2_bf16") - ref).abs().max().item()
+    assert 0 < ours <= 2 * theirs  # bf16 moves the losses, and no further than FSDP2's bf16 does
+    p, r = _params(runs2, "zero3_bf16"), reference[1]
+    assert all(v.dtype == torch.float32 for v in p.values())  # the fp32 master weights
+    assert max((p[k] - r[k]).abs().max().item() for k in r) > 0
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_memory_per_rank_matches_the_stage_formulas(world_size, request):
+    results = request.getfixturevalue(f"runs{world_size}")
+    psi, n_tensors = results[0]["zero1"]["n_params"], results[0]["zero1"]["n_tensors"]
+    for rank, res in enumerate(results):
+        ddp = res["ddp_torch"]["memory"]
+        for kind in ("ddp_torch", "zero1", "zero2", "zero3"):
+            stage, measured = STAGE[kind], res[kind]["memory"]
+            want = zero_model_state_bytes(psi, world_size, stage, precision="fp32", optimizer="adamw")
+            n_groups = max(len(res[kind]["groups"]), 1)
+            pad = 4 * n_groups * (world_size - 1)  # fp32 padding of each flat group
+            for cat, formula in (("parameters", want.params), ("gradients", want.grads),
+                                 ("optimizer", want.optimizer)):
+                slack = 2 * pad + 4 * n_tensors if cat == "optimizer" else pad  # + Adam's step counters
+                assert abs(measured[cat] - formula) <= slack, (rank, kind, cat, measured[cat], formula)
+            sharded = {"optimizer": stage >= 1, "gradients": stage >= 2, "parameters": stage >= 3}
+            for cat, is_sharded in sharded.items():
+                ratio = measured[cat] / ddp[cat]
+                assert ratio < 1.01 / world_size if is_sharded else abs(ratio - 1) < 1e-3, (kind, cat, ratio)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_communication_per_step_matches_the_analytic_volume(world_size, request):
+    results = request.getfixturevalue(f"runs{world_size}")
+    psi = results[0]["zero1"]["n_params"]
+    for res in results:
+        for kind in ("ddp_torch", "ddp_naive", "ddp_bucketed", "zero1", "zero2", "offload", "zero3"):
+            if kind not in res:
+                continue
+            numel = {k: v["numel"] for k, v in res[kind]["comm"].items()}
+            want = analytic_comm_volume(psi, STAGE[kind], world_size, res[kind]["groups"] or None)
+            assert comm_volume(numel) == want, (kind, numel)
+            assert psi * (3 if STAGE[kind] == 3 else 2) <= want  # the padding only adds
+        z3, groups = res["zero3"]["comm"], len(res["zero3"]["groups"])
+        # every unit: gathered for forward, gathered again for backward, gradients reduce-scattered
+        assert z3["all_gather"]["calls"] == 2 * groups and z3["reduce_scatter"]["calls"] == groups
+        assert set(res["zero1"]["comm"]) == {"reduce_scatter", "all_gather"}
+        assert set(res["ddp_torch"]["comm"]) == {"all_reduce"}
+
+
+def test_stage1_under_ddp_and_torch_zero_move_3psi(runs2):
+    # DDP's all-reduce (2 psi) already gives every rank every gradient; the parameters then
+    # travel once more (1 psi): the reduce-scatter of stage 1 proper is cheaper
+    psi = runs2[0]["zero1"]["n_params"]
+    for kind in ("zero1_ddp", "zero1_torch"):
+        numel = {k: v["numel"] for k, v in runs2[0][kind]["comm"].items()}
+        assert numel["all_reduce"] == psi and 0 <= comm_volume(numel) - 3 * psi < 2  # + padding < 2 ranks
+
+
+def test_bucketed_ddp_launches_its_all_reduces_during_backward(runs2):
+    for res in runs2:
+        b = res["ddp_bucketed"]
+        assert b["buckets"] > 1 and b["launched_in_backward"] == STEPS * b["buckets"]
+        assert b["comm"]["all_reduce"]["calls"] == b["buckets"]
+        assert res["ddp_naive"]["comm"]["all_reduce"]["calls"] == 52  # one per parameter tensor
+
+
+def test_offload_keeps_the_optimizer_states_on_the_cpu(runs2):
+    for res in runs2:
+        assert res["offload"]["state_on"] == ["cpu"]
+        assert res["offload"]["losses"] == res["zero2"]["losses"]
+
+
+def test_uneven_tied_frozen_and_unused_parameters(runs4):
+    single = toy_rank(0, 1, ("single",))["single"]
+    init = toy_rank(0, 1, ("single",), steps=0)["single"]["params"]
+    for kind in ("zero1", "zero2", "zero3"):
+        losses = torch.tensor(np.mean([r["toy"][kind]["losses"] for r in runs4], axis=0))
+        assert_close(losses, torch.tensor(single["losses"], dtype=torch.float64), **LOSS_TOL)
+        params = runs4[0]["toy"][kind]["params"]
+        for name, value in params.items():
+            # a model of 82 numbers: summation order moves them by a few ulps at most
+            assert_close(torch.from_numpy(value), torch.from_numpy(single["params"][name]), rtol=0, atol=1e-6)
+            if name.startswith(("frozen", "unused")):  # never updated, not even by weight decay
+                assert np.array_equal(value, init[name]), (kind, name)
+        assert np.array_equal(params["head.weight"], params["emb.weight"])  # still tied
+
+
+def test_parameters_that_differ_across_ranks_are_refused(runs2):
+    for rank in runs2:
+        for wrapper, message in rank["refusals"].items():
+            assert message is not None, wrapper
+            assert "differ across ranks" in message and "'fc2.bias' on rank 1" in message, message
+
+
+@pytest.mark.parametrize("saved,resumed", [(2, 4), (4, 2)])
+def test_a_checkpoint_resumes_at_another_world_size(saved, resumed, request):
+    at_saved = request.getfixturevalue(f"runs{saved}")
+    at_resumed = request.getfixturevalue({4: "runs4", 2: "resumed2"}[resumed])
+    uninterrupted = _losses(at_saved, "zero3")[2:]  # steps 2.. of the run that saved at step 2
+    assert len(at_resumed[0]["zero3_resumed"]["losses"]) == STEPS - 2
+    assert_close(_losses(at_resumed, "zero3_resumed"), uninterrupted, **LOSS_TOL)
+    assert_close(_params(at_resumed, "zero3_resumed"), _params(at_saved, "zero3"), **PARAM_TOL)
+
+
+def test_damaged_checkpoints_are_refused_and_change_nothing(resumed2):
+    expected = ["shard-00002-of-00004.pt (rank 2 of 4) is missing",
+                "has 1000 bytes, the manifest says",
+                "a shard of another checkpoint (another model or run)",
+                "was saved from another model ('wte.weight' is not in it)"]
+    for rank in resumed2:
+        for (message, unchanged), want in zip(rank["bad_checkpoints"], expected):
+            assert message is not None and want in message, message
+            assert unchanged
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: NCCL ranks, one GPU each")
+def test_the_stages_on_cuda_with_nccl():
+    world_size = min(torch.cuda.device_count(), 4)
+    kinds = ("ddp_torch", "zero1", "zero2", "zero3", "zero3_bf16", "offload")
+    results = launch(train_rank, world_size, kinds, steps=STEPS, backend="nccl", timeout_s=300)
+    for kind in ("zero1", "zero2", "zero3", "offload"):
+        # NCCL's reductions run in yet another order: the same bound as on gloo
+        assert_close(_params(results, kind), _params(results, "ddp_torch"), **PARAM_TOL)
+        assert_close(_losses(results, kind), _losses(results, "ddp_torch"), **LOSS_TOL)
+    for res in results:
+        assert res["offload"]["params_on"] == ["cuda"] and res["offload"]["state_on"] == ["cpu"]
+        assert res["zero3"]["params_on"] == ["cuda"] and res["zero3"]["state_on"] == ["cuda"]
+        if world_size > 1:
+            assert res["zero3"]["memory"]["parameters"] < res["ddp_torch"]["memory"]["parameters"] / (world_size - 0.5)
