@@ -143,6 +143,7 @@ def accumulate_gradients_ddp(ddp_model, microbatches, num_tokens: int, world_siz
     ranks, so each rank scales by world_size / N with N = :func:`global_token_count`.
     """
     _check_int("num_tokens", num_tokens, 1)
+    _check_int("world_size", world_size, 1)
     k = len(microbatches)
     sync = (lambda i: ddp_model.no_sync() if i < k - 1 else contextlib.nullcontext())
     return _accumulate(ddp_model, microbatches, [world_size / num_tokens] * k, sync, ignore_index) / world_size
@@ -152,6 +153,7 @@ def accumulate_gradients_ddp_naive(ddp_model, microbatches, num_tokens: int, wor
                                    ignore_index: int = IGNORE_INDEX) -> float:
     """Like :func:`accumulate_gradients_ddp` but all-reducing on every micro-step: k rounds, same result."""
     _check_int("num_tokens", num_tokens, 1)
+    _check_int("world_size", world_size, 1)
     k = len(microbatches)
     return _accumulate(ddp_model, microbatches, [world_size / num_tokens] * k, _no_context, ignore_index) / world_size
 
@@ -162,7 +164,8 @@ def measure_microbatch(model: nn.Module, make_optimizer, micro_batch_size: int, 
                        vocab_size: int | None = None) -> MemoryReport:
     """Measured memory of a steady-state accumulation window at micro-batch ``micro_batch_size``.
 
-    On a copy of ``model`` with ``make_optimizer(params)``: one warm-up step (so the optimizer
+    ``model(x, y)`` must return the loss (as :class:`labkit.model.GPT` does). On a copy of
+    ``model`` with ``make_optimizer(params)``: one warm-up step (so the optimizer
     states exist), then the measured window: two micro-steps (the second runs with the gradients
     of the first allocated, as every later one does) and the optimizer step.
     """

@@ -199,15 +199,27 @@ class GPT(nn.Module):
 
 
 def build_model(cfg: GPTConfig | str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GPT:
-    """Build :class:`GPT` from a config or a preset name, on ``device`` (``"meta"`` allocates nothing)."""
+    """Build :class:`GPT` from a config or a preset name, on ``device`` (``"meta"`` allocates nothing).
+
+    The weights are drawn on the CPU's generator, so a seed gives the same model on CPU and CUDA.
+    """
     if isinstance(cfg, str):
         cfg = get_preset(cfg)
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig or a preset name, got {type(cfg).__name__}")
+    device = torch.device(device)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype or previous)  # create parameters in their final dtype
     try:
-        with torch.device(device):
-            return GPT(cfg)
+        if device.type in ("cpu", "meta"):
+            with torch.device(device):
+                return GPT(cfg)
+        # Initialise on the CPU so a seed gives the same weights on every device, then move;
+        # .to() copies a shared buffer once per module, so share the causal mask again.
+        model = GPT(cfg).to(device)
+        mask = model.blocks[0].attn.core.causal_mask
+        for block in model.blocks:
+            block.attn.core.causal_mask = mask
+        return model
     finally:
         torch.set_default_dtype(previous)

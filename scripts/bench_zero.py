@@ -6,8 +6,9 @@
 
 For each world size N and scheme it prints, for rank 0: the model states measured by the memory
 meter (parameters, gradients, optimizer states) beside the formula of Chapter 2, the peak of the
-step, the elements each collective moved in units of Psi, and the step time relative to torch's
-DDP. A benchmark, not a test: the times depend on the machine and on what else runs on it.
+step, the elements each collective moved in units of Psi, the megabytes the rank communicated
+(an all-reduce counted twice, as in the paper) and the step time relative to torch's DDP. A
+benchmark, not a test: the times depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -33,17 +34,19 @@ def report(world_size: int, result: dict) -> None:
     mb = 1e6
     print(f"\nN = {world_size}   (MB per rank; formula = fp32 AdamW, Chapter 2; comm in elements / psi)")
     print(f"{'scheme':<13}" + "".join(f"{c:>12}" for c in CATS) + f"{'formula':>10}{'peak':>9}"
-          f"{'all_red':>9}{'red_sc':>8}{'all_ga':>8}{'bcast':>7}{'volume':>8}{'time/DDP':>10}")
+          f"{'all_red':>9}{'red_sc':>8}{'all_ga':>8}{'bcast':>7}{'volume':>8}{'comm MB':>9}{'time/DDP':>10}")
     base = result.get("ddp_torch", {}).get("seconds")
     for kind, res in result.items():
         mem, psi = res["memory"], res["n_params"]
         want = zero_model_state_bytes(psi, world_size, STAGE[kind], precision="fp32", optimizer="adamw")
         numel = {k: v["numel"] for k, v in res["comm"].items()}
+        sent = comm_volume({k: v["bytes"] for k, v in res["comm"].items()}) / mb  # measured bytes
         comm = "".join(f"{numel.get(k, 0) / psi:>{w}.2f}" for k, w in
                        (("all_reduce", 9), ("reduce_scatter", 8), ("all_gather", 8), ("broadcast", 7)))
         ratio = f"{res['seconds'] / base:>10.2f}" if base else f"{'':>10}"
+        volume = comm_volume(numel) / psi
         print(f"{kind:<13}" + "".join(f"{mem[c] / mb:>12.2f}" for c in CATS)
-              + f"{want.total / mb:>10.2f}{mem['peak'] / mb:>9.2f}{comm}{comm_volume(numel) / psi:>8.2f}{ratio}")
+              + f"{want.total / mb:>10.2f}{mem['peak'] / mb:>9.2f}{comm}{volume:>8.2f}{sent:>9.2f}{ratio}")
 
 
 def main(argv=None) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import re
 
 import pytest
 import torch
@@ -23,15 +22,6 @@ from labkit.model import GPTConfig, build_model
 
 SMALL = GPTConfig(n_layer=4, n_head=4, d_model=64, seq_len=32, vocab_size=64, dropout=0.1)
 POLICIES = [("none", None), ("full", None), ("every_k", 2), ("sqrt", None), ("selective", None)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors run fastest, and steadiest on a shared machine, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _batch(cfg, batch_size=2, seed=0):
@@ -136,6 +126,17 @@ def test_apply_keeps_parameter_names_and_remove_restores_the_forward():
     assert "forward" not in vars(model.blocks[1]) and "forward" in vars(model.blocks[1].attn.core)
     remove_checkpointing(model)
     assert not any("forward" in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize("policy", ["sqrt", "selective"])
+def test_a_deep_copy_of_a_checkpointed_model_runs_its_own_modules(policy):
+    model = _model()  # training, dropout on
+    apply_checkpointing(model, policy)
+    twin, batch = copy.deepcopy(model).eval(), _batch(SMALL)
+    loss = twin(*batch)
+    assert torch.equal(loss, twin(*batch))  # in eval no module draws a mask, had it kept the original's
+    loss.backward()
+    assert all(p.grad is not None for p in twin.parameters()) and all(p.grad is None for p in model.parameters())
 
 
 # --- plans and bad input ----------------------------------------------------------------------

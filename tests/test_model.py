@@ -101,3 +101,14 @@ def test_too_long_input_is_refused():
     model = build_model(GPTConfig(n_layer=1, n_head=1, d_model=4, seq_len=4, vocab_size=8))
     with pytest.raises(ValueError, match="seq_len=4"):
         model(torch.zeros(1, 5, dtype=torch.long))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_model_has_the_cpu_weights_and_one_mask():
+    torch.manual_seed(0)
+    cpu = build_model("tiny")
+    torch.manual_seed(0)
+    gpu = build_model("tiny", device="cuda")
+    for (name, a), (_, b) in zip(cpu.state_dict().items(), gpu.state_dict().items()):
+        assert torch.equal(a, b.cpu()), name  # same generator, same draws: identical
+    assert len({b.attn.core.causal_mask.data_ptr() for b in gpu.blocks}) == 1

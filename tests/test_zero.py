@@ -53,6 +53,8 @@ def test_flat_layout_round_trips_and_pads_with_zeros():
     assert torch.equal(views[0], tensors[0]) and views[2].shape == (2,)
     views[1].fill_(9.0)  # views, not copies
     assert flat[6] == 9.0
+    with pytest.raises(ValueError, match="share dtype and device.*torch.float16"):
+        FlatLayout.of(["a", "b"], [torch.zeros(2), torch.zeros(2, dtype=torch.float16)])  # no silent cast
 
 
 def test_communication_volumes_follow_the_paper():

@@ -137,6 +137,10 @@ def test_memory_per_rank_matches_the_stage_formulas(world_size, request):
             for cat, is_sharded in sharded.items():
                 ratio = measured[cat] / ddp[cat]
                 assert ratio < 1.01 / world_size if is_sharded else abs(ratio - 1) < 1e-3, (kind, cat, ratio)
+        # stage 3 frees a unit's gathered parameters after its forward; kept for backward, they
+        # would count as activations (a block is ~17% of them here): the same forward saves the same
+        acts, ddp_acts = res["zero3"]["memory"]["activations"], ddp["activations"]
+        assert abs(acts - ddp_acts) <= 0.01 * ddp_acts, (rank, acts, ddp_acts)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -172,7 +176,8 @@ def test_bucketed_ddp_launches_its_all_reduces_during_backward(runs2):
         b = res["ddp_bucketed"]
         assert b["buckets"] > 1 and b["launched_in_backward"] == STEPS * b["buckets"]
         assert b["comm"]["all_reduce"]["calls"] == b["buckets"]
-        assert res["ddp_naive"]["comm"]["all_reduce"]["calls"] == 52  # one per parameter tensor
+        naive = res["ddp_naive"]
+        assert naive["comm"]["all_reduce"]["calls"] == naive["n_tensors"]  # one per parameter tensor
 
 
 def test_offload_keeps_the_optimizer_states_on_the_cpu(runs2):

@@ -32,6 +32,7 @@ class BlockBytes:
     head: int      # kept outside the blocks (embedding dropout mask, final LayerNorm, loss)
     rest: int      # what of the head stays alive through the blocks' backward
     tied: int      # lm_head's gradient of the tied embedding, held until the embedding's arrives
+    end: int       # beside both tied gradients in the token embedding's backward: its input gradient, loss, weight
     logits: int    # one (B, T, V) tensor
     drop: int      # δ: 1 when dropout is active
     copies: int    # 1 when matmul copies q, k, v (b > 1 and a > 1), 0 when it can take views
@@ -56,7 +57,7 @@ def block_bytes(cfg, batch_size: int, seq_len: int | None = None, *, dtype_bytes
         u=s * b * h * e, A=act.per_layer, S=a * s * s * b * e, mask_S=d * a * s * s * b * mu,
         mask=d * s * b * h * mu, ln_stats=2 * b * s * nu, head=act.head,
         rest=d * s * b * h * mu + 8 * s + 2 * e,  # embedding dropout mask, positions, loss and weight
-        tied=V * h * e, logits=b * s * V * e, drop=d, copies=int(b > 1 and a > 1))
+        tied=V * h * e, end=s * b * h * e + 2 * e, logits=b * s * V * e, drop=d, copies=int(b > 1 and a > 1))
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,9 @@ def _segment_peak(q: BlockBytes, mode: str, n: int) -> int:
 
 def _head_peak(q: BlockBytes, kept: int) -> int:
     """The loss and lm_head backward: log-softmax's gradient beside its input gradient (2 bsV e),
-    or the tied embedding's gradient V h e beside the final LayerNorm's output gradient u."""
-    return kept + max(2 * q.logits, q.tied + q.u)
+    or the tied embedding's gradient V h e beside the final LayerNorm's output gradient u; and,
+    with the blocks' activations gone, the token embedding's backward: two V h e gradients at once."""
+    return max(kept + max(2 * q.logits, q.tied + q.u), 2 * q.tied + q.end)
 
 
 def checkpoint_activation_bytes(cfg, policy, batch_size: int, seq_len: int | None = None, *,
@@ -108,6 +110,7 @@ def checkpoint_activation_bytes(cfg, policy, batch_size: int, seq_len: int | Non
 
     kept = head + Σ_blocks {A: none, A - C: selective, u: first block of a full segment, 0: the rest}.
     peak = max(kept + max(2 bsV e, V h e + u)  [loss and lm_head backward],
+               2 V h e + u + 2e  [token embedding backward, both tied gradients alive],
                max over segments of (kept before it + rest + the segment's own peak)).
     """
     plan = policy if isinstance(policy, Plan) else make_plan(policy, cfg.n_layer, k)

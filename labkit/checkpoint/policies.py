@@ -152,7 +152,11 @@ def _run_segment(segment, x, *args, **kwargs):
 
 
 def _checkpointed(impl, fn, params):
-    """A forward that calls ``fn`` through the checkpoint of ``impl``."""
+    """A forward that calls ``fn`` through the checkpoint of ``impl``.
+
+    A ``functools.partial``, not a closure: ``copy.deepcopy`` of the model then copies the modules
+    and parameters it refers to, and the copy runs its own blocks, not the original's.
+    """
     if impl == "scratch":
-        return lambda *args, **kwargs: checkpoint_scratch(fn, *args, params=params, **kwargs)
-    return lambda *args, **kwargs: checkpoint_torch(fn, *args, **kwargs)
+        return functools.partial(checkpoint_scratch, fn, params=params)
+    return functools.partial(checkpoint_torch, fn)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..precision import OPTIMIZERS, PRECISIONS, _check
+from ..precision import _check
 
 __all__ = [
     "ModelStateBytes", "model_state_bytes", "zero_model_state_bytes",

@@ -10,7 +10,6 @@ all-reduce as soon as a bucket is complete, so communication overlaps the rest o
 
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 import torch.distributed as dist

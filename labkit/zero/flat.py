@@ -69,6 +69,10 @@ class FlatLayout:
 
     @classmethod
     def of(cls, names, tensors) -> "FlatLayout":
+        kinds = sorted({f"{t.dtype} on {t.device}" for t in tensors})
+        if len(kinds) > 1:  # one flat buffer has one dtype: a silent cast would change the model
+            raise ValueError(f"the tensors of one flat group must share dtype and device, got {kinds}; "
+                             "give them parameter groups (stages 1-2) or units (stage 3) of their own")
         shapes = tuple(tuple(t.shape) for t in tensors)
         offsets, total = [], 0
         for t in tensors:

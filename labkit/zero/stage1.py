@@ -101,8 +101,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     gradients, Ψ elements, then all-gathers the parameters, Ψ: 2Ψ in all. Under DDP (which
     already averages them) pass ``reduce_grads=False``. ``bucket_numel`` caps a flat bucket
     (default: one per parameter group). Frozen parameters stay out; a parameter without a
-    gradient is skipped, as torch's optimizers do. ``params`` may come from
-    ``named_parameters()``: the names then appear in errors and checkpoints.
+    gradient (on every rank, as DDP requires) is skipped, as torch's optimizers do. ``params``
+    may come from ``named_parameters()``: the names then appear in errors and checkpoints.
     """
 
     _reverse_buckets = False
@@ -185,8 +185,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     if g is not None:
                         self._set_slice_grad(b, i, g.reshape(-1)[b.bounds[i][0]:b.bounds[i][1]])
                 continue
-            if all(g is None for g in grads):
-                continue
+            # every rank reduces every bucket, even one without gradients here: a rank-local
+            # skip would leave the other ranks waiting in the collective
             flat_grad = b.layout.flatten(grads, self.world_size, dtype=b.flat.dtype, device=b.flat.device)
             flat_grad.div_(self.world_size)  # the mean over ranks, as DDP takes it
             shard = reduce_scatter_flat(flat_grad, self.world_size, self.group)  # (S,)

@@ -24,7 +24,8 @@ class ShardedGradOptimizer(ShardedOptimizer):
 
     Use it without a data-parallel wrapper: it averages the gradients itself, bucket by
     bucket (``bucket_numel`` elements at most) in the order backward produces them.
-    Gradient accumulation works: shard gradients add up until ``zero_grad``.
+    Gradient accumulation works: shard gradients add up until ``zero_grad``. As for DDP
+    without ``find_unused_parameters``, a parameter must get a gradient on all ranks or none.
     """
 
     _reverse_buckets = True  # backward reaches the last parameters first

@@ -33,15 +33,12 @@ __all__ = ["KINDS", "STAGE", "reference_run", "train_rank"]
 STAGE = {"ddp_torch": 0, "ddp_naive": 0, "ddp_bucketed": 0, "zero1": 1, "zero1_ddp": 1, "zero1_torch": 1,
          "zero2": 2, "offload": 2, "zero3": 3, "fsdp2": 3, "zero3_bf16": 3, "fsdp2_bf16": 3}
 KINDS = tuple(STAGE)
-_CORPUS = []
 
 
-def _batch(step, rank, world_size, global_batch, seq_len, seed, device="cpu"):
+def _batch(corpus, step, rank, world_size, global_batch, seq_len, seed, device="cpu"):
     """Rank ``rank``'s rows of the global batch of ``step``: the same data at any world size."""
-    if not _CORPUS:
-        _CORPUS.append(load_corpus())
     gen = torch.Generator().manual_seed(seed * 100_003 + step)
-    x, y = get_batch(_CORPUS[0], global_batch, seq_len, generator=gen)  # (B, T) each
+    x, y = get_batch(corpus, global_batch, seq_len, generator=gen)  # (B, T) each
     b = global_batch // world_size
     return x[rank * b:(rank + 1) * b].to(device), y[rank * b:(rank + 1) * b].to(device)
 
@@ -59,9 +56,9 @@ def reference_run(steps=4, *, preset="tiny", global_batch=8, seq_len=32, lr=3e-3
     """Single-process training on the whole global batch: (losses, final state dict)."""
     model = _model(preset, seed, "cpu")
     opt = torch.optim.AdamW(model.parameters(), **_optimizer_kwargs(lr, weight_decay))
-    losses = []
+    corpus, losses = load_corpus(), []
     for step in range(steps):
-        loss = model(*_batch(step, 0, 1, global_batch, seq_len, seed))
+        loss = model(*_batch(corpus, step, 0, 1, global_batch, seq_len, seed))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -139,16 +136,16 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
                save_other=None, check_refusals=False, toy_kinds=(), threads=1):
     """Train under each scheme in ``kinds``; return {kind: results} for this rank.
 
-    Results: ``losses`` (this rank's), ``memory`` (bytes by category, their maxima over the
-    measured step), ``comm`` (the measured step's collectives), ``seconds`` (mean unmeasured
-    step time), ``n_params``, ``groups`` (Ψ of each flat group), ``state_on`` (devices of the
-    optimizer states) and, on rank 0, ``params`` (the full state dict as NumPy arrays).
-    ``save={"dir": d, "at": k}``: zero3 saves its shards after step k. ``resume=d``: a
-    "zero3_resumed" run loads them and trains to ``steps``; then it tries to load each of
-    ``bad_checkpoints`` (results under "bad_checkpoints"). ``save_other=d``: a checkpoint of
-    :class:`ToyNet`. ``check_refusals``: the wrappers' answers to parameters that differ
-    across ranks ("refusals"). ``toy_kinds``: :func:`toy_rank`'s results ("toy").
+    Results: ``losses``, ``memory`` (max bytes by category over the measured step), ``comm``
+    (its collectives), ``seconds`` (mean of the unmeasured steps after the first), ``n_params``,
+    ``groups`` (Ψ of each flat group), ``state_on`` (devices of the per-element optimizer
+    states), on rank 0 ``params`` (the full state dict as NumPy arrays).
+    ``save={"dir": d, "at": k}``: zero3 saves after step k. ``resume=d``: "zero3_resumed" loads
+    it, trains on, then tries each of ``bad_checkpoints``. ``save_other=d``: a ToyNet checkpoint.
+    ``check_refusals``: answers to parameters that differ across ranks. ``toy_kinds``: toy_rank.
     """
+    if global_batch % world_size:
+        raise ValueError(f"global_batch={global_batch} must be divisible by world_size={world_size}")
     torch.set_num_threads(threads)
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # gloo ranks compute on the CPU
     mesh = None
@@ -156,6 +153,7 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device, (world_size,))
     cfg = dict(global_batch=global_batch, seq_len=seq_len, seed=seed)
+    corpus = load_corpus()  # the same token tensor for every scheme's batches
     out = {}
     for kind in list(kinds) + (["zero3_resumed"] if resume else []):
         model = _model(preset, seed, device)
@@ -165,7 +163,7 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
                "groups": _group_numels(net, opt)}
         first = load_sharded(resume, net, opt)["step"] if kind == "zero3_resumed" else 0
         for step in range(first, steps):
-            batch = _batch(step, rank, world_size, device=device, **cfg)
+            batch = _batch(corpus, step, rank, world_size, device=device, **cfg)
             if step == measure_step and kind != "zero3_resumed":
                 with CommCounter() as comm, MemoryMeter(meter_model, getattr(opt, "optim", opt)) as meter:
                     res["losses"].append(_step(net, opt, batch, meter))
@@ -175,7 +173,8 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
             else:
                 t0 = time.perf_counter()
                 res["losses"].append(_step(net, opt, batch))
-                res["seconds"].append(time.perf_counter() - t0)
+                if step > first:  # the first step warms up (allocations, DDP's buckets): not timed
+                    res["seconds"].append(time.perf_counter() - t0)
             if save and kind == "zero3" and step + 1 == save["at"]:
                 save_sharded(save["dir"], net, opt, extra={"step": step + 1})
         if kind == "zero3_resumed" and bad_checkpoints:
@@ -187,7 +186,8 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
         if isinstance(net, DataParallelBucketed):
             res["buckets"], res["launched_in_backward"] = len(net._buckets), net.launched_in_backward
         res["params_on"] = sorted({p.device.type for p in net.parameters()})
-        res["state_on"] = sorted({t.device.type for t in optimizer_tensors(getattr(opt, "optim", opt))})
+        # per-element states only: torch keeps Adam's 0-d step counter on the CPU, whatever the device
+        res["state_on"] = sorted({t.device.type for t in optimizer_tensors(getattr(opt, "optim", opt)) if t.dim()})
         out[kind] = res
     if save_other:
         net, opt, _ = toy_build("zero3")
