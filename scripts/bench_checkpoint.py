@@ -23,7 +23,7 @@ import torch
 from labkit.checkpoint import IMPLS, apply_checkpointing, checkpoint_activation_bytes, plan_for_budget, recompute_flops
 from labkit.data import batches
 from labkit.device import pick_device, seed_everything
-from labkit.memory import MemoryMeter
+from labkit.memory import measure_forward_backward
 from labkit.model import build_model, get_preset
 
 MiB = 2**20
@@ -31,19 +31,11 @@ MiB = 2**20
 
 def measure_memory(model, batch):
     """(kept activations, peak of activations + temporaries, allocator peak above the start or None)."""
-    with MemoryMeter(model) as meter:
-        with meter.phase("forward"):
-            loss = model(*batch)
-        with meter.phase("backward"):
-            loss.backward()
-            del loss
-    report = meter.report()
-    model.zero_grad(set_to_none=True)
-    live = [a + t for a, t in zip(report.timeline["activations"], report.timeline["temporaries"])]
+    report = measure_forward_backward(model, batch)
     allocator = None
     if report.allocator_peak_bytes is not None:
         allocator = report.allocator_peak_bytes - report.allocator_start_bytes
-    return report.activations, max(live), allocator
+    return report.activations, report.peak_of("activations", "temporaries"), allocator
 
 
 def one_step(model, opt, batch, device) -> float:

@@ -18,7 +18,7 @@ import torch
 from labkit.checkpoint import (
     apply_checkpointing, checkpoint_activation_bytes, min_peak_plan, plan_for_budget, recompute_flops,
 )
-from labkit.memory import MemoryMeter, activation_bytes, korthikanti_activation_bytes
+from labkit.memory import activation_bytes, measure_forward_backward, korthikanti_activation_bytes
 from labkit.model import GPTConfig, build_model
 
 POLICIES = [("none", None), ("full", None), ("every_k", 2), ("sqrt", None), ("selective", None)]
@@ -26,15 +26,8 @@ POLICIES = [("none", None), ("full", None), ("every_k", 2), ("sqrt", None), ("se
 
 def measure(model, batch):
     """(activations kept at the end of forward, peak of activations + temporaries) of one step."""
-    with MemoryMeter(model) as meter:
-        with meter.phase("forward"):
-            loss = model(*batch)
-        with meter.phase("backward"):
-            loss.backward()
-            del loss
-    report = meter.report()
-    live = [a + t for a, t in zip(report.timeline["activations"], report.timeline["temporaries"])]
-    return report.activations, max(live)
+    report = measure_forward_backward(model, batch)
+    return report.activations, report.peak_of("activations", "temporaries")
 
 
 def _setup(cfg, batch_size, training=True, seed=0):

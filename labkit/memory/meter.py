@@ -18,7 +18,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["CATEGORIES", "MemoryMeter", "MemoryReport", "measure_step", "optimizer_tensors"]
+__all__ = ["CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
+           "optimizer_tensors"]
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations", "temporaries")
 
@@ -68,6 +69,13 @@ class MemoryReport:
             rows.append(f"{cat:<12} {self.at_peak[cat]:>14,} {self.max_by_category[cat]:>14,}")
         rows.append(f"{'total':<12} {self.peak_bytes:>14,}   (peak in {self.peak_phase}, op {self.peak_op})")
         return "\n".join(rows)
+
+    def peak_of(self, *categories: str) -> int:
+        """The highest sum of ``categories`` over the timeline (e.g. activations + temporaries)."""
+        unknown = set(categories) - set(CATEGORIES)
+        if unknown or not categories:
+            raise ValueError(f"categories={categories!r} must be names from {list(CATEGORIES)}")
+        return max(map(sum, zip(*(self.timeline[c] for c in categories))))
 
     def phase_bounds(self) -> dict:
         """phase name -> (first op index, last op index) on the timeline."""
@@ -226,6 +234,21 @@ class MemoryMeter(TorchDispatchMode):
             allocator_peak_bytes=getattr(self, "_cuda_peak", None),
             allocator_start_bytes=getattr(self, "_cuda_start", None),
         )
+
+
+def measure_forward_backward(model: torch.nn.Module, batch, loss_fn=None) -> MemoryReport:
+    """Measure one forward and backward (no optimizer step); the gradients are then set to None.
+
+    ``batch`` is ``(x, y)``; the loss is ``model(x, y)`` unless ``loss_fn(model, batch)`` is given.
+    """
+    with MemoryMeter(model) as meter:
+        with meter.phase("forward"):
+            loss = model(*batch) if loss_fn is None else loss_fn(model, batch)
+        with meter.phase("backward"):
+            loss.backward()
+            del loss
+    model.zero_grad(set_to_none=True)
+    return meter.report()
 
 
 def measure_step(model: torch.nn.Module, optimizer, batch, loss_fn=None, zero_grad: bool = True) -> MemoryReport:
