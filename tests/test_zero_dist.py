@@ -1,9 +1,10 @@
 """labkit.zero on real gloo ranks: training, memory, communication, checkpoints.
 
-Three launches serve every test here: 2 ranks (every scheme; saves a 2-rank checkpoint),
-4 ranks (the stages and the awkward ToyNet; saves a 4-rank checkpoint, resumes the 2-rank
-one) and 2 ranks again (resumes the 4-rank checkpoint; tries damaged ones). Each rank trains
-on its rows of the same global batches, so every scheme must match one process on all rows.
+Three launches serve every test here: 2 ranks (every scheme; stages 1-3 save 2-rank
+checkpoints), 4 ranks (the stages and the awkward ToyNet; stages 1-3 save 4-rank checkpoints
+and resume the 2-rank ones) and 2 ranks again (stages 1-3 resume the 4-rank ones; stage 3
+tries damaged ones). Each rank trains on its rows of the same global batches, so every
+scheme must match one process on all rows.
 """
 
 import shutil
@@ -17,7 +18,7 @@ from labkit.dist import launch
 from labkit.memory import zero_model_state_bytes
 from labkit.zero import analytic_comm_volume, comm_volume
 from labkit.zero.toy import toy_rank
-from labkit.zero.workers import STAGE, reference_run, train_rank
+from labkit.zero.workers import RESUMABLE, STAGE, reference_run, train_rank
 
 STEPS, LR = 4, 3e-3
 KINDS_2 = ("ddp_torch", "ddp_naive", "ddp_bucketed", "zero1", "zero1_ddp", "zero1_torch", "zero2", "offload",
@@ -36,22 +37,27 @@ def ckpt(tmp_path_factory):
     return tmp_path_factory.mktemp("zero_ckpt")
 
 
+def _dirs(ckpt, world_size):
+    """{kind: folder} of the checkpoints that stages 1-3 save at ``world_size`` ranks."""
+    return {kind: ckpt / f"at{world_size}" / kind for kind in RESUMABLE}
+
+
 @pytest.fixture(scope="module")
 def runs2(ckpt):
-    return launch(train_rank, 2, KINDS_2, steps=STEPS, save={"dir": ckpt / "at2", "at": 2},
+    return launch(train_rank, 2, KINDS_2, steps=STEPS, save={"dir": _dirs(ckpt, 2), "at": 2},
                   save_other=ckpt / "toy2", check_refusals=True, **GLOO)
 
 
 @pytest.fixture(scope="module")
 def runs4(ckpt, runs2):
-    return launch(train_rank, 4, KINDS_4, steps=STEPS, save={"dir": ckpt / "at4", "at": 2},
-                  resume=ckpt / "at2", toy_kinds=("zero1", "zero2", "zero3"), **GLOO)
+    return launch(train_rank, 4, KINDS_4, steps=STEPS, save={"dir": _dirs(ckpt, 4), "at": 2},
+                  resume=_dirs(ckpt, 2), toy_kinds=("zero1", "zero2", "zero3"), **GLOO)
 
 
 @pytest.fixture(scope="module")
 def damaged(ckpt, runs4):
-    """Copies of the 4-rank checkpoint: a shard missing, one truncated, one from ToyNet."""
-    good = ckpt / "at4"
+    """Copies of stage 3's 4-rank checkpoint: a shard missing, one truncated, one from ToyNet."""
+    good = _dirs(ckpt, 4)["zero3"]
     missing, truncated, foreign = ckpt / "missing", ckpt / "truncated", ckpt / "foreign"
     for d in (missing, truncated, foreign):
         shutil.copytree(good, d)
@@ -64,7 +70,7 @@ def damaged(ckpt, runs4):
 
 @pytest.fixture(scope="module")
 def resumed2(ckpt, damaged):
-    return launch(train_rank, 2, (), steps=STEPS, resume=ckpt / "at4", bad_checkpoints=damaged, **GLOO)
+    return launch(train_rank, 2, (), steps=STEPS, resume=_dirs(ckpt, 4), bad_checkpoints=damaged, **GLOO)
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +144,13 @@ def test_memory_per_rank_matches_the_stage_formulas(world_size, request):
                 ratio = measured[cat] / ddp[cat]
                 assert ratio < 1.01 / world_size if is_sharded else abs(ratio - 1) < 1e-3, (kind, cat, ratio)
         # stage 3 frees a unit's gathered parameters after its forward; kept for backward, they
-        # would count as activations (a block is ~17% of them here): the same forward saves the same
+        # would count as activations (a block is ~17% of them here): the same forward saves the same.
+        # gloo's worker threads (2 per process group) drop a finished collective, and the buffer it
+        # filled, a moment after the rank resumes: on a loaded machine up to two units' gathered
+        # buffers can still be alive when forward ends. That much is allowed, no more.
         acts, ddp_acts = res["zero3"]["memory"]["activations"], ddp["activations"]
-        assert abs(acts - ddp_acts) <= 0.01 * ddp_acts, (rank, acts, ddp_acts)
+        in_flight = 2 * 4 * max(-(-n // world_size) * world_size for n in res["zero3"]["groups"])  # fp32
+        assert 0.99 * ddp_acts <= acts <= 1.01 * ddp_acts + in_flight, (rank, acts, ddp_acts, in_flight)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -193,12 +203,14 @@ def test_uneven_tied_frozen_and_unused_parameters(runs4):
         losses = torch.tensor(np.mean([r["toy"][kind]["losses"] for r in runs4], axis=0))
         assert_close(losses, torch.tensor(single["losses"], dtype=torch.float64), **LOSS_TOL)
         params = runs4[0]["toy"][kind]["params"]
+        # the tie needs no check of its own: "single" trains head.weight and emb.weight as one
+        # tensor, and a tie broken by sharding would train the two apart and fail this match
+        assert params.keys() == single["params"].keys()
         for name, value in params.items():
             # a model of 82 numbers: summation order moves them by a few ulps at most
             assert_close(torch.from_numpy(value), torch.from_numpy(single["params"][name]), rtol=0, atol=1e-6)
             if name.startswith(("frozen", "unused")):  # never updated, not even by weight decay
                 assert np.array_equal(value, init[name]), (kind, name)
-        assert np.array_equal(params["head.weight"], params["emb.weight"])  # still tied
 
 
 def test_parameters_that_differ_across_ranks_are_refused(runs2):
@@ -212,10 +224,14 @@ def test_parameters_that_differ_across_ranks_are_refused(runs2):
 def test_a_checkpoint_resumes_at_another_world_size(saved, resumed, request):
     at_saved = request.getfixturevalue(f"runs{saved}")
     at_resumed = request.getfixturevalue({4: "runs4", 2: "resumed2"}[resumed])
-    uninterrupted = _losses(at_saved, "zero3")[2:]  # steps 2.. of the run that saved at step 2
-    assert len(at_resumed[0]["zero3_resumed"]["losses"]) == STEPS - 2
-    assert_close(_losses(at_resumed, "zero3_resumed"), uninterrupted, **LOSS_TOL)
-    assert_close(_params(at_resumed, "zero3_resumed"), _params(at_saved, "zero3"), **PARAM_TOL)
+    for kind in RESUMABLE:  # stages 1 and 2 (ShardedOptimizer) and 3 (FullyShardedModule)
+        resumed_kind = f"{kind}_resumed"
+        assert len(at_resumed[0][resumed_kind]["losses"]) == STEPS - 2
+        uninterrupted = _losses(at_saved, kind)[2:]  # steps 2.. of the run that saved at step 2
+        # the resumed steps sum the gradients over another number of ranks, so in another order:
+        # the same bounds as for any two world sizes above
+        assert_close(_losses(at_resumed, resumed_kind), uninterrupted, **LOSS_TOL)
+        assert_close(_params(at_resumed, resumed_kind), _params(at_saved, kind), **PARAM_TOL)
 
 
 def test_damaged_checkpoints_are_refused_and_change_nothing(resumed2):

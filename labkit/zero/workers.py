@@ -27,12 +27,13 @@ from .stage2 import ShardedGradOptimizer
 from .stage3 import FullyShardedModule
 from .toy import ToyNet, toy_build, toy_rank
 
-__all__ = ["KINDS", "STAGE", "reference_run", "train_rank"]
+__all__ = ["KINDS", "RESUMABLE", "STAGE", "reference_run", "train_rank"]
 
 # scheme -> ZeRO stage it implements (0: plain data parallelism)
 STAGE = {"ddp_torch": 0, "ddp_naive": 0, "ddp_bucketed": 0, "zero1": 1, "zero1_ddp": 1, "zero1_torch": 1,
          "zero2": 2, "offload": 2, "zero3": 3, "fsdp2": 3, "zero3_bf16": 3, "fsdp2_bf16": 3}
 KINDS = tuple(STAGE)
+RESUMABLE = ("zero1", "zero2", "zero3")  # the kinds that save and load sharded checkpoints
 
 
 def _batch(corpus, step, rank, world_size, global_batch, seq_len, seed, device="cpu"):
@@ -140,8 +141,9 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
     (its collectives), ``seconds`` (mean of the unmeasured steps after the first), ``n_params``,
     ``groups`` (Ψ of each flat group), ``state_on`` (devices of the per-element optimizer
     states), on rank 0 ``params`` (the full state dict as NumPy arrays).
-    ``save={"dir": d, "at": k}``: zero3 saves after step k. ``resume=d``: "zero3_resumed" loads
-    it, trains on, then tries each of ``bad_checkpoints``. ``save_other=d``: a ToyNet checkpoint.
+    ``save={"dir": d, "at": k}``: after step k, each kind of ``d`` ({kind: folder}, or zero3's
+    folder) saves its shards. ``resume=d`` (the same form): "<kind>_resumed" loads them and trains
+    on; "zero3_resumed" then tries each of ``bad_checkpoints``. ``save_other=d``: a ToyNet checkpoint.
     ``check_refusals``: answers to parameters that differ across ranks. ``toy_kinds``: toy_rank.
     """
     if global_batch % world_size:
@@ -152,19 +154,28 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
     if any(k.startswith("fsdp2") for k in kinds):
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(device, (world_size,))
+    save_dirs = _checkpoint_dirs("save", save["dir"]) if save else {}
+    resume_dirs = _checkpoint_dirs("resume", resume) if resume else {}
+    if any(k not in kinds for k in save_dirs):
+        raise ValueError(f"save={save!r} names kinds that are not trained: kinds={list(kinds)}")
+    if bad_checkpoints and "zero3" not in resume_dirs:
+        raise ValueError(f"bad_checkpoints are tried by zero3_resumed: resume={resume!r} must include zero3")
     cfg = dict(global_batch=global_batch, seq_len=seq_len, seed=seed)
     corpus = load_corpus()  # the same token tensor for every scheme's batches
     out = {}
-    for kind in list(kinds) + (["zero3_resumed"] if resume else []):
+    for kind in list(kinds) + [f"{k}_resumed" for k in resume_dirs]:
+        base = kind.removesuffix("_resumed")
+        resumed = kind != base
         model = _model(preset, seed, device)
         n_tensors = len(list(model.parameters()))
-        net, opt, full_state, meter_model = _build(kind.replace("_resumed", ""), model, lr, weight_decay, mesh)
+        net, opt, full_state, meter_model = _build(base, model, lr, weight_decay, mesh)
+        shards = net if isinstance(net, FullyShardedModule) else opt  # what holds the shard entries
         res = {"losses": [], "n_params": count_params(model.cfg), "n_tensors": n_tensors, "seconds": [],
                "groups": _group_numels(net, opt)}
-        first = load_sharded(resume, net, opt)["step"] if kind == "zero3_resumed" else 0
+        first = load_sharded(resume_dirs[base], shards, opt)["step"] if resumed else 0
         for step in range(first, steps):
             batch = _batch(corpus, step, rank, world_size, device=device, **cfg)
-            if step == measure_step and kind != "zero3_resumed":
+            if step == measure_step and not resumed:
                 with CommCounter() as comm, MemoryMeter(meter_model, getattr(opt, "optim", opt)) as meter:
                     res["losses"].append(_step(net, opt, batch, meter))
                 rep = meter.report()
@@ -175,8 +186,8 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
                 res["losses"].append(_step(net, opt, batch))
                 if step > first:  # the first step warms up (allocations, DDP's buckets): not timed
                     res["seconds"].append(time.perf_counter() - t0)
-            if save and kind == "zero3" and step + 1 == save["at"]:
-                save_sharded(save["dir"], net, opt, extra={"step": step + 1})
+            if kind in save_dirs and step + 1 == save["at"]:
+                save_sharded(save_dirs[kind], shards, opt, extra={"step": step + 1})
         if kind == "zero3_resumed" and bad_checkpoints:
             out["bad_checkpoints"] = _try_bad_checkpoints(net, opt, bad_checkpoints)
         res["seconds"] = sum(res["seconds"]) / max(len(res["seconds"]), 1)
@@ -197,6 +208,16 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
     if toy_kinds:
         out["toy"] = toy_rank(rank, world_size, toy_kinds)
     return out
+
+
+def _checkpoint_dirs(name, value):
+    """{kind: folder} from ``save["dir"]`` or ``resume``: a dict, or one folder for zero3."""
+    dirs = dict(value) if isinstance(value, dict) else {"zero3": value}
+    for kind in dirs:
+        if kind not in RESUMABLE:
+            raise ValueError(f"{name} names kind={kind!r}, which has no sharded checkpoint; "
+                             f"valid kinds: {list(RESUMABLE)}")
+    return dirs
 
 
 def _try_bad_checkpoints(net, opt, dirs):
