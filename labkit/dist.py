@@ -149,8 +149,9 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
                 raise DistributedError(_failure_message(world_size, {rank: value}, results))
             outputs[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=False)
     finally:
+        finished = len(outputs) == world_size  # then the ranks are exiting; else kill them now
         for p in procs:
-            p.join(timeout=5 if not outputs or len(outputs) == world_size else 0.1)
+            p.join(timeout=5 if finished else 0.1)
         for p in procs:
             if p.is_alive():
                 p.kill()

@@ -47,6 +47,9 @@ def report(world_size: int, result: dict) -> None:
         volume = comm_volume(numel) / psi
         print(f"{kind:<13}" + "".join(f"{mem[c] / mb:>12.2f}" for c in CATS)
               + f"{want.total / mb:>10.2f}{mem['peak'] / mb:>9.2f}{comm}{volume:>8.2f}{sent:>9.2f}{ratio}")
+    if "offload" in result:
+        print("offload: its optimizer column also holds the host's fp32 copy of the rank's parameter slice,")
+        print("which the CPU step updates (4 psi / N bytes); the stage-2 formula beside it does not count it.")
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,7 @@ and fake tensors; on CUDA the caching allocator's own peak is reported beside it
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from dataclasses import dataclass, field
 
@@ -104,7 +105,6 @@ class MemoryMeter(TorchDispatchMode):
     def __init__(self, model: torch.nn.Module | None = None, optimizer=None):
         super().__init__()
         self.model, self.optimizer = model, optimizer
-        self._records: dict[int, _Storage] = {}  # id(record) -> record, kept after free
         self._by_storage: dict[int, _Storage] = {}  # id(storage) -> record, while alive
         self._events: list[tuple[int, _Storage, int]] = []  # (op index, record, +/- bytes)
         self._ops: list[str] = ["(start)"]
@@ -129,7 +129,6 @@ class MemoryMeter(TorchDispatchMode):
             rec = _Storage(st.nbytes(), self._phase)
             rec.ref = weakref.ref(st, self._freed_callback(rec, key))
             self._by_storage[key] = rec
-            self._records[id(rec)] = rec
             self._events.append((len(self._ops) - 1, rec, rec.nbytes))
             if self._phase == "forward":
                 self._forward_records.append(rec)
@@ -216,13 +215,7 @@ class MemoryMeter(TorchDispatchMode):
         delta = {c: [0] * n for c in CATEGORIES}
         for idx, rec, nbytes in self._events:  # frees after the last op land on it
             delta[rec.category or "temporaries"][min(idx, n - 1)] += nbytes
-        timeline, running = {}, {}
-        for c in CATEGORIES:
-            acc, series = 0, []
-            for d in delta[c]:
-                acc += d
-                series.append(acc)
-            timeline[c], running[c] = series, acc
+        timeline = {c: list(itertools.accumulate(delta[c])) for c in CATEGORIES}
         totals = [sum(timeline[c][i] for c in CATEGORIES) for i in range(n)]
         peak_i = max(range(n), key=totals.__getitem__)
         return MemoryReport(
