@@ -103,21 +103,24 @@ class AttentionCore(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head attention. The number of heads is read from ``c_attn``'s width, so a rank that
+    holds a subset of the heads (tensor parallelism, Chapter 5) runs this forward unchanged."""
+
     def __init__(self, cfg: GPTConfig, causal_mask: torch.Tensor):
         super().__init__()
-        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.head_dim, self.dropout = cfg.head_dim, cfg.dropout
         self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.core = AttentionCore(causal_mask, cfg.dropout)
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        B, T, _ = x.shape
+        q, k, v = self.c_attn(x).chunk(3, dim=-1)  # 3 x (B, T, nh * hs)
+        q = q.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         y = self.core(q, k, v)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, nh * hs)
         y = self.c_proj(y)
         if self.training and self.dropout > 0:
             y = F.dropout(y, p=self.dropout, training=True)
@@ -182,7 +185,10 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx, targets=None):
+    # The model's parts, in order, so that it can be cut into pipeline stages (Chapter 6):
+    # embed -> blocks -> head -> loss. forward() is exactly their composition.
+    def embed(self, idx):
+        """Token plus position embeddings (and dropout): idx (B, T) int64 -> x (B, T, C)."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds seq_len={self.cfg.seq_len}")
@@ -190,12 +196,26 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         if self.training and self.cfg.dropout > 0:
             x = F.dropout(x, p=self.cfg.dropout, training=True)
+        return x
+
+    def head(self, x):
+        """Final LayerNorm and the (tied) output projection: x (B, T, C) -> logits (B, T, V)."""
+        return self.lm_head(self.ln_f(x))
+
+    @staticmethod
+    def loss(logits, targets):
+        """Mean cross-entropy over positions whose target is not -100: (B, T, V), (B, T) -> ()."""
+        B, T = targets.shape
+        return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-100)
+
+    def forward(self, idx, targets=None):
+        x = self.embed(idx)  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        logits = self.head(x)  # (B, T, V)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-100)
+        return self.loss(logits, targets)
 
 
 def build_model(cfg: GPTConfig | str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GPT:

@@ -1,0 +1,96 @@
+"""Collectives every parallel technique is built from, with the group passed explicitly.
+
+Flat all-gather and reduce-scatter of 1-D shards, an in-place all-reduce mean, broadcasting
+rank 0's tensors, the check that every rank holds the same tensors, and running a callback
+once the current backward pass has finished. ZeRO (Chapter 2), tensor parallelism (Chapter 5)
+and pipeline parallelism (Chapter 6) import these; none of them imports another technique.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["all_gather_flat", "reduce_scatter_flat", "all_reduce_mean_", "broadcast_from_rank0",
+           "check_same_across_ranks", "queue_after_backward", "group_src"]
+
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single; older
+# releases (Colab's torch, say) only have the old names. Both run the same c10d op.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def all_gather_flat(shard: torch.Tensor, world_size: int, group=None, out: torch.Tensor | None = None,
+                    async_op: bool = False):
+    """Concatenate every rank's 1-D ``shard`` (S,) into (world_size * S,) on every rank.
+
+    Returns the output tensor, or ``(output, work)`` when ``async_op``.
+    """
+    if out is None:
+        out = torch.empty(world_size * shard.numel(), dtype=shard.dtype, device=shard.device)
+    work = _all_gather(out, shard.contiguous(), group=group, async_op=async_op)
+    return (out, work) if async_op else out
+
+
+def reduce_scatter_flat(full: torch.Tensor, world_size: int, group=None, out: torch.Tensor | None = None,
+                        async_op: bool = False):
+    """Sum (world_size * S,) tensors over ranks; rank r keeps elements [r S, (r + 1) S) as (S,).
+
+    Returns the output tensor, or ``(output, work)`` when ``async_op``.
+    """
+    if full.numel() % world_size:
+        raise ValueError(f"full.numel()={full.numel()} must be divisible by world_size={world_size}: pad it")
+    if out is None:
+        out = torch.empty(full.numel() // world_size, dtype=full.dtype, device=full.device)
+    work = _reduce_scatter(out, full.contiguous(), op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+    return (out, work) if async_op else out
+
+
+def all_reduce_mean_(t: torch.Tensor, world_size: int, group=None, async_op: bool = False):
+    """Average ``t`` over ranks in place: divide by world_size first, then sum (as DDP does)."""
+    t.div_(world_size)
+    return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+
+
+def group_src(group) -> int:
+    return 0 if group is None else dist.get_global_rank(group, 0)
+
+
+@torch.no_grad()
+def check_same_across_ranks(named_tensors, group=None, what: str = "parameters") -> None:
+    """Raise ValueError on every rank unless all ranks hold bit-identical tensors.
+
+    Each tensor is compared with group rank 0's copy (a broadcast per tensor, once, at wrap
+    time); a flag all-reduce then tells every rank, so that all of them raise together.
+    """
+    named_tensors = list(named_tensors)
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    first_bad = 0
+    for i, (_, t) in enumerate(named_tensors):
+        theirs = t.detach().clone()
+        dist.broadcast(theirs, src=group_src(group), group=group)
+        if first_bad == 0 and not torch.equal(theirs, t.detach()):
+            first_bad = i + 1
+    flags = torch.zeros(world_size, dtype=torch.int64,
+                        device=named_tensors[0][1].device if named_tensors else "cpu")
+    flags[rank] = first_bad
+    dist.all_reduce(flags, group=group)
+    bad = [(r, int(f) - 1) for r, f in enumerate(flags.tolist()) if f]
+    if bad:
+        r, i = bad[0]
+        raise ValueError(f"module {what} differ across ranks at wrap time: {named_tensors[i][0]!r} on rank {r} "
+                         f"differs from rank 0 (ranks that differ: {[b[0] for b in bad]}); build the model "
+                         "with the same seed on every rank, or broadcast rank 0's parameters, before wrapping")
+
+
+@torch.no_grad()
+def broadcast_from_rank0(tensors, group=None) -> None:
+    """Overwrite ``tensors`` on every rank with group rank 0's copy, in place (as DDP does at wrap time)."""
+    src = group_src(group)
+    for t in tensors:
+        dist.broadcast(t.detach(), src=src, group=group)
+
+
+def queue_after_backward(callback) -> None:
+    """Run ``callback`` once the current backward pass has finished (as FSDP does)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
