@@ -4,6 +4,11 @@ The window-normalised loss, exact for token losses of any lengths, stands next t
 mean per micro-batch (the 2024 bug); a micro-batch size is chosen from a memory budget; under
 DDP the gradients are all-reduced once per window (``no_sync``) or, naively, every micro-step.
 Notation: k = ``num_microbatches``, N_i = real tokens of micro-batch i, N = Σ_i N_i.
+
+Padding is marked in the *targets* by ``ignore_index`` (default -100, as ``F.cross_entropy`` and
+:func:`labkit.data.get_padded_batch` use): such positions carry no loss and are not counted in N.
+Every function here takes ``ignore_index``; a caller who pads targets with another value (0, say)
+must pass it, or the padding counts as real tokens and the loss is silently wrong.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .memory import MemoryMeter, MemoryReport
+from .memory.meter import MemoryMeter, MemoryReport, train_step
+from .validate import check_int
 
 __all__ = [
     "IGNORE_INDEX", "split_microbatches", "count_tokens", "token_loss_sum",
@@ -28,17 +34,12 @@ __all__ = [
 IGNORE_INDEX = -100  # target value of padding: no loss, not counted
 
 
-def _check_int(name, value, minimum):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
-
-
 def split_microbatches(x: torch.Tensor, y: torch.Tensor, num_microbatches: int) -> list[tuple]:
     """Split x, y (B, ...) along the batch into k = ``num_microbatches`` pieces.
 
     Sizes differ by at most one when k does not divide B (``torch.tensor_split``).
     """
-    _check_int("num_microbatches", num_microbatches, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     if num_microbatches > x.size(0):
         raise ValueError(f"num_microbatches={num_microbatches} must be <= batch size {x.size(0)}: "
                          "a micro-batch needs at least one sample")
@@ -142,8 +143,8 @@ def accumulate_gradients_ddp(ddp_model, microbatches, num_tokens: int, world_siz
     Micro-steps 1..k-1 run under ``no_sync()``, the last one synchronises. DDP averages over
     ranks, so each rank scales by world_size / N with N = :func:`global_token_count`.
     """
-    _check_int("num_tokens", num_tokens, 1)
-    _check_int("world_size", world_size, 1)
+    check_int("num_tokens", num_tokens, 1)
+    check_int("world_size", world_size, 1)
     k = len(microbatches)
     sync = (lambda i: ddp_model.no_sync() if i < k - 1 else contextlib.nullcontext())
     return _accumulate(ddp_model, microbatches, [world_size / num_tokens] * k, sync, ignore_index) / world_size
@@ -152,8 +153,8 @@ def accumulate_gradients_ddp(ddp_model, microbatches, num_tokens: int, world_siz
 def accumulate_gradients_ddp_naive(ddp_model, microbatches, num_tokens: int, world_size: int,
                                    ignore_index: int = IGNORE_INDEX) -> float:
     """Like :func:`accumulate_gradients_ddp` but all-reducing on every micro-step: k rounds, same result."""
-    _check_int("num_tokens", num_tokens, 1)
-    _check_int("world_size", world_size, 1)
+    check_int("num_tokens", num_tokens, 1)
+    check_int("world_size", world_size, 1)
     k = len(microbatches)
     return _accumulate(ddp_model, microbatches, [world_size / num_tokens] * k, _no_context, ignore_index) / world_size
 
@@ -169,8 +170,8 @@ def measure_microbatch(model: nn.Module, make_optimizer, micro_batch_size: int, 
     states exist), then the measured window: two micro-steps (the second runs with the gradients
     of the first allocated, as every later one does) and the optimizer step.
     """
-    _check_int("micro_batch_size", micro_batch_size, 1)
-    _check_int("seq_len", seq_len, 1)
+    check_int("micro_batch_size", micro_batch_size, 1)
+    check_int("seq_len", seq_len, 1)
     vocab_size = vocab_size or model.cfg.vocab_size
     probe = copy.deepcopy(model)
     optimizer = make_optimizer(probe.parameters())
@@ -178,19 +179,10 @@ def measure_microbatch(model: nn.Module, make_optimizer, micro_batch_size: int, 
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(vocab_size, (micro_batch_size, seq_len), generator=gen).to(device)  # (B, T)
     y = torch.randint(vocab_size, (micro_batch_size, seq_len), generator=gen).to(device)  # (B, T)
-    probe(x, y).backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    train_step(probe, optimizer, (x, y))  # warm-up: the optimizer states now exist
     with MemoryMeter(probe, optimizer) as meter:
-        for _ in range(2):
-            with meter.phase("forward"):
-                loss = probe(x, y)
-            with meter.phase("backward"):
-                loss.backward()
-                del loss
-        with meter.phase("optimizer"):
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        train_step(probe, None, (x, y), meter=meter)  # micro-step 1: forward and backward
+        train_step(probe, optimizer, (x, y), meter=meter)  # micro-step 2 beside its gradients, the step
     return meter.report()
 
 
@@ -200,8 +192,8 @@ def microbatch_for_budget(peak_bytes, global_batch_size: int, budget_bytes: int)
     ``peak_bytes`` maps a micro-batch size to a measured peak (e.g. via :func:`measure_microbatch`)
     and must not decrease with b; binary search calls it about log2(B) + 1 times.
     """
-    _check_int("global_batch_size", global_batch_size, 1)
-    _check_int("budget_bytes", budget_bytes, 1)
+    check_int("global_batch_size", global_batch_size, 1)
+    check_int("budget_bytes", budget_bytes, 1)
     one = peak_bytes(1)
     if one > budget_bytes:
         raise ValueError(f"budget_bytes={budget_bytes:,} is below the peak of one sample, {one:,} bytes: "

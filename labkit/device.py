@@ -45,7 +45,7 @@ def setup(seed: int = 0, device: str | None = None, verbose: bool = True) -> tor
     Returns the chosen ``torch.device``. The printed device is the device *type* only,
     so a notebook's checked output is the same on every CPU or every GPU.
     """
-    from . import __version__
+    from .version import __version__
 
     seed_everything(seed)
     dev = pick_device(device)

@@ -26,6 +26,8 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .validate import check_int
+
 __all__ = ["launch", "free_port", "init_from_env", "DistributedError", "CommCounter", "CommStats"]
 
 
@@ -97,6 +99,21 @@ def _failure_message(world_size, failures, results, grace_s=3.0):
     return msg
 
 
+def _check_importable(fn) -> None:
+    """A spawned rank finds ``fn`` by importing its module: refuse what it could not import."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    name = getattr(fn, "__name__", repr(fn))
+    if not callable(fn):
+        raise TypeError(f"fn={fn!r} must be a function defined at the top level of a module")
+    if name == "<lambda>" or "<locals>" in qualname:
+        raise ValueError(f"fn={qualname or name} is a lambda or a nested function, which spawned ranks "
+                         "cannot import: define it at the top level of a module (a .py file)")
+    if module in (None, "__main__", "__mp_main__"):
+        raise ValueError(f"fn={name} is defined in {module or 'no module'} (a notebook cell or the script "
+                         "being run), which spawned ranks cannot import: move it into a module (a .py "
+                         "file, e.g. in labkit.runs) and import it from there")
+
+
 def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: float = 30.0,
            join_timeout_s: float | None = None, **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes; return results.
@@ -106,16 +123,19 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     ``timeout_s + 60``) bounds the whole run. Under torchrun, runs ``fn`` here and returns
     ``[result]`` of this rank.
     """
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r} must be an int >= 1")
+    check_int("world_size", world_size, 1)
     backend = backend or _default_backend()
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend={backend!r} must be 'gloo' or 'nccl'")
+    if backend == "nccl" and torch.cuda.device_count() == 0:
+        raise ValueError("backend='nccl' needs CUDA GPUs and none is available; use backend='gloo' "
+                         "(CPU processes) or None (NCCL when CUDA is there, else gloo)")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # already inside torchrun
         rank, ws = init_from_env(backend, timeout_s)
         if ws != world_size:
             raise ValueError(f"world_size={world_size} but torchrun started WORLD_SIZE={ws}")
         return [fn(rank, ws, *args, **kwargs)]
+    _check_importable(fn)
     join_timeout_s = timeout_s + 60 if join_timeout_s is None else join_timeout_s
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["GPTConfig", "GPT", "AttentionCore", "PRESETS", "get_preset", "count_params", "build_model"]
+__all__ = ["GPTConfig", "GPT", "AttentionCore", "PRESETS", "get_preset", "count_params", "build_model",
+           "training_flops"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,8 @@ class GPTConfig:
 
 
 # Published shapes. GPT-2 (Radford et al. 2019), GPT-3 175B (Brown et al. 2020, Table 2.1).
-# "llama-7b-like" is approximate: LLaMA-7B's width, depth, heads, context and vocabulary
-# (Touvron et al. 2023) on our GPT-2 block, which has a 4h GELU MLP instead of SwiGLU,
+# "llama-7b-like" is approximate: LLaMA-7B's width, depth, heads, context (2048 tokens; 4096 is
+# Llama 2's) and vocabulary (Touvron et al. 2023) on our GPT-2 block, which has a 4h GELU MLP instead of SwiGLU,
 # LayerNorm instead of RMSNorm, learned positions instead of RoPE and tied embeddings:
 # about 6.6B parameters instead of 6.7B.
 PRESETS: dict[str, GPTConfig] = {
@@ -58,7 +61,7 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt2-large": GPTConfig(n_layer=36, n_head=20, d_model=1280, seq_len=1024, vocab_size=50257),
     "gpt2-xl": GPTConfig(n_layer=48, n_head=25, d_model=1600, seq_len=1024, vocab_size=50257),
     "gpt3-175b": GPTConfig(n_layer=96, n_head=96, d_model=12288, seq_len=2048, vocab_size=50257),
-    "llama-7b-like": GPTConfig(n_layer=32, n_head=32, d_model=4096, seq_len=4096, vocab_size=32000),
+    "llama-7b-like": GPTConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048, vocab_size=32000),
 }
 
 
@@ -113,13 +116,14 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.core = AttentionCore(causal_mask, cfg.dropout)
 
-    def forward(self, x):
+    def forward(self, x, attend=None):
+        """``attend(q, k, v)``, when given, replaces ``core``: a KV cache's attention (Chapter 8)."""
         B, T, _ = x.shape
         q, k, v = self.c_attn(x).chunk(3, dim=-1)  # 3 x (B, T, nh * hs)
         q = q.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        y = self.core(q, k, v)  # (B, nh, T, hs)
+        y = (self.core if attend is None else attend)(q, k, v)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, nh * hs)
         y = self.c_proj(y)
         if self.training and self.dropout > 0:
@@ -151,8 +155,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, attend=None):
+        x = x + (self.attn(self.ln_1(x)) if attend is None else self.attn(self.ln_1(x), attend))
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -187,12 +191,20 @@ class GPT(nn.Module):
 
     # The model's parts, in order, so that it can be cut into pipeline stages (Chapter 6):
     # embed -> blocks -> head -> loss. forward() is exactly their composition.
-    def embed(self, idx):
-        """Token plus position embeddings (and dropout): idx (B, T) int64 -> x (B, T, C)."""
+    def embed(self, idx, pos=None):
+        """Token plus position embeddings (and dropout): idx (B, T) int64 -> x (B, T, C).
+        ``pos``: positions, (T,) or (B, T); by default 0..T-1 (a KV cache passes its offsets)."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds seq_len={self.cfg.seq_len}")
-        pos = torch.arange(T, device=idx.device)  # (T,)
+        if idx.numel() and not (idx.is_meta or is_fake(idx)):  # fake and meta tensors hold no ids
+            lo, hi = (int(v) for v in idx.aminmax())
+            if lo < 0 or hi >= self.cfg.vocab_size:
+                raise ValueError(f"token id {lo if lo < 0 else hi} is outside [0, vocab_size={self.cfg.vocab_size})")
+        if pos is None:
+            pos = torch.arange(T, device=idx.device)  # (T,)
+        elif pos.numel() and int(pos.max()) >= self.cfg.seq_len:
+            raise ValueError(f"position {int(pos.max())} exceeds seq_len={self.cfg.seq_len}")
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         if self.training and self.cfg.dropout > 0:
             x = F.dropout(x, p=self.cfg.dropout, training=True)
@@ -208,10 +220,12 @@ class GPT(nn.Module):
         B, T = targets.shape
         return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-100)
 
-    def forward(self, idx, targets=None):
-        x = self.embed(idx)  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, idx, targets=None, kv_cache=None):
+        """``kv_cache``: anything with ``begin(idx) -> pos`` and ``attend(layer, q, k, v)`` (labkit.kv_cache)."""
+        pos = None if kv_cache is None else kv_cache.begin(idx)  # positions of the new tokens
+        x = self.embed(idx, pos)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x) if kv_cache is None else block(x, partial(kv_cache.attend, i))
         logits = self.head(x)  # (B, T, V)
         if targets is None:
             return logits
@@ -243,3 +257,17 @@ def build_model(cfg: GPTConfig | str, device: str | torch.device = "cpu", dtype:
         return model
     finally:
         torch.set_default_dtype(previous)
+
+
+def training_flops(cfg: GPTConfig, global_batch: int, recompute: bool = False) -> int:
+    """Matmul FLOPs of one training step of :class:`GPT` on ``global_batch`` sequences of seq_len.
+
+    Narayanan et al. (2021b), Appendix: per layer forward 24 B s h² + 4 B s² h, backward twice
+    that, full recomputation one more forward; the logit layer 2 B s h V forward, 4 B s h V back:
+    72 B s L h² (1 + s/(6h) + V/(12 L h)), or 96 B s L h² (1 + s/(6h) + V/(16 L h)) recomputing.
+    """
+    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
+        raise ValueError(f"global_batch={global_batch!r} must be an int >= 1")
+    B, s, h, L, V = global_batch, cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.vocab_size
+    layer_forward = 24 * B * s * h * h + 4 * B * s * s * h
+    return (4 if recompute else 3) * L * layer_forward + 6 * B * s * h * V

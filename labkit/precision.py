@@ -1,7 +1,10 @@
-"""Precision policies for training: fp32, mixed (16-bit model, fp32 master weights), bf16.
+"""Precision policies for training: fp32, mixed, mixed_fp32_grads, bf16.
 
 ``mixed`` follows Micikevicius et al. (2018): parameters and gradients in 16 bits, an fp32
 master copy of the weights that the optimizer updates, and the 16-bit weights copied back.
+``mixed_fp32_grads`` adds what Megatron-LM and DeepSpeed keep in bf16 runs: an fp32 buffer per
+parameter into which every 16-bit gradient is added as backward produces it (the 16-bit
+``.grad`` is then freed), so accumulation over micro-batches rounds in fp32 (18 bytes/param).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import torch
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "MasterWeightOptimizer", "model_dtype", "make_optimizer"]
 
-PRECISIONS = ("fp32", "mixed", "bf16")
+PRECISIONS = ("fp32", "mixed", "mixed_fp32_grads", "bf16")
 OPTIMIZERS = ("adam", "adamw", "sgd_momentum", "sgd")
 
 
@@ -31,16 +34,34 @@ class MasterWeightOptimizer:
     """Wrap a ``torch.optim`` optimizer so it updates fp32 copies of 16-bit parameters.
 
     ``step()`` casts each 16-bit ``.grad`` to fp32, steps the inner optimizer on the master
-    weights and copies them back into the 16-bit parameters.
+    weights and copies them back into the 16-bit parameters. With ``fp32_grads=True`` a hook
+    adds each 16-bit gradient into a persistent fp32 buffer (``grad_tensors()``) as soon as
+    backward has produced it and frees the 16-bit one; ``step()`` then uses the buffers as is.
     """
 
-    def __init__(self, params, optimizer_cls=torch.optim.AdamW, **optimizer_kwargs):
+    def __init__(self, params, optimizer_cls=torch.optim.AdamW, *, fp32_grads: bool = False,
+                 **optimizer_kwargs):
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params is empty: nothing to optimize")
         self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
         self.inner = optimizer_cls(self.master, **optimizer_kwargs)
         self.param_groups = self.inner.param_groups
+        self.main_grads = [torch.zeros_like(m) for m in self.master] if fp32_grads else None
+        if fp32_grads:
+            for p, buf in zip(self.params, self.main_grads):
+                p.register_post_accumulate_grad_hook(self._accumulate_into(buf))
+
+    @staticmethod
+    def _accumulate_into(buf):
+        def hook(p):
+            buf.add_(p.grad)  # rounds once, in fp32
+            p.grad = None
+        return hook
+
+    def grad_tensors(self):
+        """The fp32 gradient buffers (``fp32_grads=True``), else an empty list."""
+        return list(self.main_grads or [])
 
     @property
     def state(self):
@@ -48,14 +69,19 @@ class MasterWeightOptimizer:
 
     @torch.no_grad()
     def step(self):
-        for p, m in zip(self.params, self.master):
-            m.grad = None if p.grad is None else p.grad.float()
+        for i, (p, m) in enumerate(zip(self.params, self.master)):
+            if self.main_grads is not None:
+                m.grad = self.main_grads[i]  # already fp32: no copy
+            else:
+                m.grad = None if p.grad is None else p.grad.float()
         self.inner.step()
         for p, m in zip(self.params, self.master):
             p.copy_(m)
             m.grad = None
 
     def zero_grad(self, set_to_none: bool = True):
+        for buf in self.main_grads or []:
+            buf.zero_()  # a persistent buffer, as in Megatron-LM: zeroed, never freed
         for p in self.params:
             if set_to_none:
                 p.grad = None
@@ -79,7 +105,8 @@ class MasterWeightOptimizer:
 
 
 def make_optimizer(params, precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, **kwargs):
-    """The optimizer of a precision policy: plain for fp32/bf16, with master weights for mixed."""
+    """The optimizer of a precision policy: plain for fp32/bf16, with master weights for mixed
+    and mixed_fp32_grads (which also accumulates gradients in fp32 buffers)."""
     _check(precision, optimizer)
     cls, extra = {
         "adam": (torch.optim.Adam, {}),
@@ -88,6 +115,6 @@ def make_optimizer(params, precision: str = "fp32", optimizer: str = "adamw", lr
         "sgd": (torch.optim.SGD, {"momentum": 0.0}),
     }[optimizer]
     kwargs = {**extra, "lr": lr, **kwargs}
-    if precision == "mixed":
-        return MasterWeightOptimizer(params, cls, **kwargs)
+    if precision in ("mixed", "mixed_fp32_grads"):
+        return MasterWeightOptimizer(params, cls, fp32_grads=precision == "mixed_fp32_grads", **kwargs)
     return cls(params, **kwargs)

@@ -21,9 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from labkit.dist import launch  # noqa: E402
-from labkit.memory import zero_model_state_bytes  # noqa: E402
-from labkit.zero import comm_volume  # noqa: E402
-from labkit.zero.workers import KINDS, STAGE, train_rank  # noqa: E402
+from labkit.runs.zero import KINDS, STAGE, train_rank  # noqa: E402
+from labkit.zero import comm_volume, zero_model_state_bytes  # noqa: E402
 
 CATS = ("parameters", "gradients", "optimizer")
 FORMULA = {"parameters": "params", "gradients": "grads", "optimizer": "optimizer"}

@@ -5,15 +5,19 @@
         and solutions; gitignored) and copy the student notebook to exercises/student/<name>.ipynb
         (committed). CHAPTER is a notebook name such as 01_memory_wall, or its number (1 or 01).
 
-    python scripts/exercises.py grade SUBMISSION.ipynb [--timeout 60]
+    python scripts/exercises.py grade SUBMISSION.ipynb [--timeout 60] [--cell-timeout 10]
         grade a filled-in notebook with `otter run` against its chapter's autograder (built first
-        if missing or older than its source); print each question's score and the total. A
-        submission that runs longer than --timeout seconds is stopped, kernel and all, and scores
-        zero. The chapter comes from the notebook's metadata; --chapter overrides it.
+        if missing or older than its source); print each question's score and the total, and for
+        every failed test case which one failed and the error it raised. An answer cell that runs
+        longer than --cell-timeout seconds is interrupted and costs only its own question; a
+        submission that runs longer than --timeout seconds in all (a function that loops when the
+        tests call it, say) is stopped, kernel and all, and scores zero. The chapter comes from
+        the notebook's metadata; --chapter overrides it.
 """
 
 import argparse
 import hashlib
+import re
 import json
 import os
 import shutil
@@ -33,6 +37,7 @@ STUDENT_DIR = ROOT / "exercises" / "student"
 # Every process of one grading run (otter, its kernel) carries this variable, so a timeout can find
 # and stop all of them, including the kernel, which jupyter starts in a session of its own.
 TOKEN_ENV = "EXERCISES_GRADE_TOKEN"
+ANSWER_TAG = "otter_answer_cell"  # otter assign tags each cell a student writes in
 
 
 class ExerciseError(Exception):
@@ -104,18 +109,48 @@ def find_autograder(name, dist_dir=DIST_DIR):
     return zips[-1] if zips else None
 
 
-def question_points(autograder_zip):
-    """{question: points} read from the test files inside an autograder zip (OK format)."""
-    points = {}
+def _tests_in(autograder_zip):
+    """Every `test = {...}` dict of the test files inside an autograder zip (OK format)."""
+    tests = []
     with zipfile.ZipFile(autograder_zip) as z:
         for member in sorted(z.namelist()):
             if member.startswith("tests/") and member.endswith(".py"):
                 ns = {}
                 exec(z.read(member).decode(), ns)  # our own generated file: `test = {...}`
-                test = ns["test"]
-                cases = test["suites"][0]["cases"]
-                points[test["name"]] = test["points"] if test["points"] is not None else len(cases)
+                tests.append(ns["test"])
+    return tests
+
+
+def question_points(autograder_zip):
+    """{question: points} read from the test files inside an autograder zip (OK format)."""
+    points = {}
+    for test in _tests_in(autograder_zip):
+        cases = test["suites"][0]["cases"]
+        points[test["name"]] = test["points"] if test["points"] is not None else len(cases)
     return points
+
+
+def _failures(output, hidden):
+    """'public|hidden test N: <first line of the failed example> -> <error>' per failed case.
+
+    ``output`` is otter's report for one question; ``hidden`` lists its cases' hidden flags.
+    The code of a hidden case is not shown, only the error it raised.
+    """
+    blocks = re.split(r"^\s*\S+ - (\d+) result:\s*$", output or "", flags=re.M)
+    failed = []
+    for number, body in zip(blocks[1::2], blocks[2::2]):
+        if "Test case failed" not in body:
+            continue
+        n = int(number)
+        kind = "hidden" if n - 1 < len(hidden) and hidden[n - 1] else "public"
+        first = (body.split("Failed example:", 1) + [""])[1]  # the first failed line, to its error
+        first = first.split("Failed example:", 1)[0]
+        example = first.strip().splitlines()[0].strip() if first.strip() else ""
+        errors = re.findall(r"^\s*((?:[\w.]+(?:Error|Exception|Interrupt|Exit))\b.*)$", first, re.M)
+        why = errors[-1].strip() if errors else "the output differs from the expected one"
+        shown = f"{example[:70]} -> " if example and kind == "public" else ""
+        failed.append(f"{kind} test {n}: {shown}{why}")
+    return failed
 
 
 def _processes_to_stop(root_pid, token):
@@ -179,12 +214,15 @@ def _submission_name(nb_path):
     return nb.get("metadata", {}).get("otter", {}).get("assignment_name"), nb
 
 
-def grade(submission, *, timeout=60.0, chapter=None, source_dir=SOURCE_DIR, dist_dir=DIST_DIR):
+def grade(submission, *, timeout=60.0, cell_timeout=10.0, chapter=None, source_dir=SOURCE_DIR,
+          dist_dir=DIST_DIR):
     """Grade one notebook with otter run in a subprocess; return a results dict.
 
-    {'chapter', 'scores': {q: score}, 'max_scores': {q: points}, 'total', 'max_total',
-     'timed_out', 'seconds', 'run_id' (the value of TOKEN_ENV in the run's processes)}.
-    On timeout every question scores 0.
+    {'chapter', 'scores': {q: score}, 'max_scores': {q: points}, 'failures': {q: [why, ...]},
+     'total', 'max_total', 'timed_out', 'seconds', 'run_id' (the value of TOKEN_ENV in the
+     run's processes)}. An answer cell running past ``cell_timeout`` seconds is interrupted (its
+    question fails); past ``timeout`` seconds in all, the run is stopped and every question
+    scores 0.
     """
     submission = Path(submission)
     if not submission.is_file() or submission.suffix != ".ipynb":
@@ -205,6 +243,8 @@ def grade(submission, *, timeout=60.0, chapter=None, source_dir=SOURCE_DIR, dist
     if autograder is None or autograder.stat().st_mtime < source_mtime:  # missing or stale
         autograder = build(name, source_dir=source_dir, dist_dir=dist_dir, student_dir=None)
     max_scores = question_points(autograder)
+    hidden = {t["name"]: [bool(c.get("hidden")) for c in t["suites"][0]["cases"]]
+              for t in _tests_in(autograder)}
 
     token = uuid.uuid4().hex
     work = Path(tempfile.mkdtemp(prefix="exercises-grade-"))
@@ -219,8 +259,8 @@ def grade(submission, *, timeout=60.0, chapter=None, source_dir=SOURCE_DIR, dist
         start = time.monotonic()
         with open(log_path, "w") as log:  # a file, not a pipe: no wait on a straggler's EOF
             proc = subprocess.Popen(
-                [sys.executable, "-m", "otter", "run", "--no-logo", "-a", str(autograder),
-                 "-o", str(work), str(sub_copy)],
+                [sys.executable, str(Path(__file__).resolve()), "_otter-run", str(cell_timeout),
+                 "--no-logo", "-a", str(autograder), "-o", str(work), str(sub_copy)],
                 cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group, which _stop kills whole
             )
@@ -232,6 +272,7 @@ def grade(submission, *, timeout=60.0, chapter=None, source_dir=SOURCE_DIR, dist
                 timed_out = True
         seconds = time.monotonic() - start
         scores = {q: 0.0 for q in max_scores}
+        failures = {q: [] for q in max_scores}
         if not timed_out:
             results_path = work / "results.json"
             if proc.returncode != 0 or not results_path.is_file():
@@ -242,10 +283,11 @@ def grade(submission, *, timeout=60.0, chapter=None, source_dir=SOURCE_DIR, dist
             for test in json.loads(results_path.read_text())["tests"]:
                 if test["name"] in scores:
                     scores[test["name"]] = float(test["score"])
+                    failures[test["name"]] = _failures(test.get("output"), hidden[test["name"]])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
-        "chapter": name, "scores": scores, "max_scores": max_scores,
+        "chapter": name, "scores": scores, "max_scores": max_scores, "failures": failures,
         "total": sum(scores.values()), "max_total": sum(max_scores.values()),
         "timed_out": timed_out, "seconds": seconds, "run_id": token,
     }
@@ -258,10 +300,34 @@ def _print_results(submission, r, timeout):
               "every question scores 0.")
     for q, max_score in r["max_scores"].items():
         print(f"  {q:<8} {r['scores'][q]:6.2f} / {max_score:g}")
+        for why in r["failures"][q]:
+            print(f"             {why}")
     print(f"  {'total':<8} {r['total']:6.2f} / {r['max_total']:g}")
 
 
+def _otter_run(cell_timeout, otter_args):
+    """`otter run` with a time limit on each answer cell: a cell past it is interrupted
+    (KeyboardInterrupt), which otter records as an error in that cell, and the run goes on."""
+    from nbconvert.preprocessors import ExecutePreprocessor
+    from otter.cli import cli
+
+    init = ExecutePreprocessor.__init__
+
+    def limited_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.interrupt_on_timeout = True
+        self.timeout_func = lambda cell: (
+            cell_timeout if ANSWER_TAG in cell.get("metadata", {}).get("tags", []) else None)
+
+    ExecutePreprocessor.__init__ = limited_init
+    cli(["run", *otter_args], standalone_mode=False)
+    return 0
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_otter-run"]:  # internal: what grade() runs in its subprocess
+        return _otter_run(float(argv[1]), argv[2:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -271,6 +337,8 @@ def main(argv=None):
     p_grade = sub.add_parser("grade", help="grade a submitted notebook locally with otter run")
     p_grade.add_argument("submission", metavar="SUBMISSION.ipynb")
     p_grade.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    p_grade.add_argument("--cell-timeout", type=float, default=10.0,
+                         help="seconds for one answer cell (default 10)")
     p_grade.add_argument("--chapter", help="chapter to grade against (default: from the notebook)")
     for p in (p_build, p_grade):
         p.add_argument("--source-dir", type=Path, default=SOURCE_DIR, help=argparse.SUPPRESS)
@@ -285,10 +353,11 @@ def main(argv=None):
                                  student_dir=args.student_dir)
                 print(f"built {name}: {zip_path}; student notebook in {args.student_dir}")
         else:
-            if args.timeout <= 0:
-                raise ExerciseError(f"--timeout={args.timeout:g} must be a positive number of "
-                                    "seconds")
-            r = grade(args.submission, timeout=args.timeout, chapter=args.chapter,
+            for flag, value in (("--timeout", args.timeout), ("--cell-timeout", args.cell_timeout)):
+                if value <= 0:
+                    raise ExerciseError(f"{flag}={value:g} must be a positive number of seconds")
+            r = grade(args.submission, timeout=args.timeout, cell_timeout=args.cell_timeout,
+                      chapter=args.chapter,
                       source_dir=args.source_dir, dist_dir=args.dist_dir)
             _print_results(args.submission, r, args.timeout)
     except ExerciseError as e:

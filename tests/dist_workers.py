@@ -59,3 +59,26 @@ def rank_and_pid(rank, world_size, offset=0):
 
 def returns_tensors(rank, world_size):
     return {"t": torch.full((3,), float(rank)), "nested": [torch.arange(rank + 1)]}
+
+
+def counted_by_both(rank, world_size):
+    """Collectives, a DDP backward and a ZeRO-3 step under CommCounter and torch's CommDebugMode."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from labkit.zero import FullyShardedModule
+
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+    zero3 = FullyShardedModule(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)),
+                               unit_types=(torch.nn.Linear,))
+    with CommDebugMode() as debug, CommCounter() as comm:
+        t = torch.ones(6)
+        dist.all_reduce(t)
+        dist.all_gather_into_tensor(torch.empty(6 * world_size), torch.ones(6))
+        dist.reduce_scatter_tensor(torch.empty(3), torch.ones(3 * world_size))
+        dist.broadcast(t, src=0)
+        ddp(torch.randn(3, 8)).sum().backward()
+        zero3(torch.randn(3, 8)).sum().backward()
+    theirs = {str(op): n for op, n in debug.get_comm_counts().items()}
+    return {"ours": {k: v["calls"] for k, v in comm.stats.as_dict().items()}, "theirs": theirs,
+            "theirs_total": debug.get_total_counts()}

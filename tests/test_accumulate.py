@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.accumulate import (
-    TokenMLP, accumulate_gradients, accumulate_gradients_naive, accumulation_step, accumulation_step_naive,
+    TokenMLP, accumulate_gradients, count_tokens, accumulate_gradients_naive, accumulation_step, accumulation_step_naive,
     measure_microbatch, microbatch_for_budget, split_microbatches,
 )
 from labkit.data import get_batch, get_padded_batch, load_corpus
@@ -147,6 +147,25 @@ def test_window_errors_say_why():
         accumulate_gradients(model, split_microbatches(x, torch.full_like(y, -100), 2))
     with pytest.raises(ValueError, match="num_microbatches=0"):
         accumulation_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, 0)
+
+
+def test_a_padding_marker_other_than_minus_100_is_passed_as_ignore_index():
+    # a caller who marks padded targets with 0, a real byte here, must say so: then the loss and
+    # the gradient equal those of the same batch padded with -100; left at the default, the
+    # padding counts as targets and the loss silently changes
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    x, y = batch("padded")
+    assert (y == 0).sum() == 0  # no real target is 0 here, so 0 marks padding unambiguously
+    y0 = y.masked_fill(y == -100, 0)  # (B, T): padding marked with 0
+    ref, zero_marked, default = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
+    loss_ref = accumulate_gradients(ref, split_microbatches(x, y, 4))
+    loss_zero = accumulate_gradients(zero_marked, split_microbatches(x, y0, 4), ignore_index=0)
+    loss_default = accumulate_gradients(default, split_microbatches(x, y0, 4))
+    # the same terms summed in the same order: bit for bit
+    assert loss_zero == loss_ref and torch.equal(flat_grads(zero_marked), flat_grads(ref))
+    assert count_tokens(y0, ignore_index=0) == count_tokens(y) < count_tokens(y0)
+    assert abs(loss_default - loss_ref) > 0.1  # the padding's loss is in it: a different number
 
 
 def test_microbatch_for_budget_picks_the_largest_that_fits():

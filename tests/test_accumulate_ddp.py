@@ -1,13 +1,14 @@
 """Data-parallel accumulation on 2 real gloo ranks: all-reduce counts with and without no_sync.
 
-One launch runs both variants (spawning ranks costs seconds), and the test checks everything on it.
+One launch runs both variants under torch's DDP and labkit's ``DataParallelBucketed``
+(spawning ranks costs seconds), and the test checks everything on it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from labkit.accumulate_workers import ddp_window_worker
+from labkit.runs.accumulate import ddp_window_worker
 from labkit.data import get_padded_batch, load_corpus
 from labkit.dist import launch
 from labkit.model import build_model, get_preset
@@ -20,16 +21,22 @@ def test_no_sync_all_reduces_once_per_window_with_identical_results():
     gen = torch.Generator().manual_seed(0)
     # ranks get different token counts (rank 0: 69, rank 1: 66): the window needs the global N
     x, y = get_padded_batch(load_corpus(), [32, 30, 4, 3, 28, 5, 31, 2], CFG.seq_len, generator=gen)  # (8, 32)
-    ranks = launch(ddp_window_worker, world_size, CFG, x, y, k, lr=lr, bucket_cap_mb=100.0, backend="gloo")
+    ranks = launch(ddp_window_worker, world_size, CFG, x, y, k, lr=lr, bucket_cap_mb=100.0,
+                   wrappers=("torch", "labkit"), backend="gloo")
+    variants = ("no_sync", "every_step", "labkit_no_sync", "labkit_every_step")
 
     n_params = ranks[0]["n_params"]
     assert n_params * 4 < 100 * 2**20  # all fp32 gradients fit one 100 MB bucket: one call per round
     for r in ranks:
         # What is counted: all_reduce calls and elements during the window's k forward/backward passes.
         # no_sync: one round over all the gradients, at the last micro-step.
-        assert (r["no_sync"]["all_reduce_calls"], r["no_sync"]["all_reduce_numel"]) == (1, n_params)
-        # without it: one round per micro-step.
-        assert (r["every_step"]["all_reduce_calls"], r["every_step"]["all_reduce_numel"]) == (k, k * n_params)
+        # labkit's DataParallelBucketed.no_sync() must behave as DDP's.
+        for prefix in ("", "labkit_"):
+            assert (r[prefix + "no_sync"]["all_reduce_calls"], r[prefix + "no_sync"]["all_reduce_numel"]) \
+                == (1, n_params)
+            # without it: one round per micro-step.
+            assert (r[prefix + "every_step"]["all_reduce_calls"], r[prefix + "every_step"]["all_reduce_numel"]) \
+                == (k, k * n_params)
 
     # One SGD step on the whole batch, in one process, by the model's own mean loss.
     torch.manual_seed(0)
@@ -39,7 +46,7 @@ def test_no_sync_all_reduces_once_per_window_with_identical_results():
     torch.optim.SGD(ref.parameters(), lr=lr).step()
     want = torch.cat([p.detach().flatten() for p in ref.parameters()])
 
-    for name in ("no_sync", "every_step"):
+    for name in variants:
         p0, p1 = (torch.from_numpy(r[name]["params"]) for r in ranks)
         torch.testing.assert_close(p0, p1, rtol=0, atol=0)  # every rank applies the same all-reduced gradient
         # SGD: params differ by lr * the fp32 gradient error (measured <= 6e-8, see test_accumulate.py)
@@ -50,3 +57,7 @@ def test_no_sync_all_reduces_once_per_window_with_identical_results():
     # The same gradients, averaged once at the end or step by step: fp32 summation order only
     # (the same one-ulp allowance as above).
     torch.testing.assert_close(no_sync, every_step, rtol=2**-23, atol=1e-7)
+    # labkit's wrapper and torch's average the same gradients: fp32 summation order only, as above.
+    for name in ("no_sync", "every_step"):
+        torch.testing.assert_close(torch.from_numpy(ranks[0]["labkit_" + name]["params"]),
+                                   torch.from_numpy(ranks[0][name]["params"]), rtol=2**-23, atol=1e-7)

@@ -108,6 +108,17 @@ def test_math_uses_local_mathjax(built_book, toc_page):
             f"{page.name} has math but does not load the local MathJax"
 
 
+@pytest.mark.parametrize("chapter", sorted(p.stem for p in (ROOT / "chapters").glob("[0-9]*.md")))
+def test_every_chapter_has_a_figure(chapter):
+    """A chapter teaches with at least one figure: a figure file or one glued from its lab."""
+    text = (ROOT / "chapters" / f"{chapter}.md").read_text(encoding="utf-8")
+    figures = re.findall(r"^(?:```+|:::+)\{figure\} (\S+)", text, re.M)
+    glued = re.findall(r"^(?:```+|:::+)\{glue(?::figure)?\} \w+", text, re.M)
+    assert figures or glued, f"{chapter}.md has no figure"
+    for path in figures:
+        assert (ROOT / "chapters" / path).is_file(), f"{chapter}.md: {path} does not exist"
+
+
 def test_build_fails_on_a_warning(tmp_path):
     """A dangling cross-reference must fail the build (warnings are errors)."""
     src = tmp_path / "src"

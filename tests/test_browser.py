@@ -1,7 +1,8 @@
 """Every page of the built book, opened in headless Chromium, renders without errors and offline.
 
-Fails on: console errors and page errors, math left untypeset, images that did not load, and
-failed requests for the book's own files. Requests to any other host are blocked, so a page
+Fails on: console errors and page errors, math left untypeset, images that did not load, failed
+requests for the book's own files, and any equation or code cell (input or output) wider than its
+column at a 1280 px wide window, which would need horizontal scrolling. Requests to any other host are blocked, so a page
 that needs the network (for instance MathJax from a CDN) fails. Full-page screenshots are
 saved in the test's tmp_path.
 """
@@ -52,6 +53,20 @@ FIND_UNTYPESET_MATH = """() => {
     bad.push('MathJax error: ' + el.textContent.trim().slice(0, 80));
   }
   return {count: document.querySelectorAll('.math').length, bad};
+}"""
+
+# Display math and code cells (inputs and outputs) whose content is wider than their box: they
+# would need horizontal scrolling. Hidden elements (a closed dropdown) have no width and are skipped.
+FIND_OVERFLOW = """() => {
+  const sel = 'div.math, mjx-container[display="true"], div.highlight pre, div.cell_output pre';
+  const bad = [];
+  for (const el of document.querySelectorAll(sel)) {
+    if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1) {
+      bad.push(`${el.tagName.toLowerCase()} ${el.scrollWidth}px in ${el.clientWidth}px: ` +
+               el.textContent.trim().replace(/\\s+/g, ' ').slice(0, 70));
+    }
+  }
+  return bad;
 }"""
 
 # Load every image now (also the lazy ones) and list those that failed.
@@ -160,6 +175,7 @@ def test_page_renders_offline(browser, site, toc_page, tmp_path):
         math = page.evaluate(FIND_UNTYPESET_MATH)
         raw = page.evaluate(FIND_RAW_MATH)
         broken = page.evaluate(FIND_BROKEN_IMAGES)
+        overflow = page.evaluate(FIND_OVERFLOW)
         page.wait_for_load_state("networkidle", timeout=30_000)
         shot = tmp_path / f"{toc_page.replace('/', '__')}.png"
         page.screenshot(path=str(shot), full_page=True)
@@ -173,5 +189,7 @@ def test_page_renders_offline(browser, site, toc_page, tmp_path):
     assert not math["bad"], f"{toc_page}: math not typeset by MathJax: {math['bad']}"
     assert not raw, f"{toc_page}: raw TeX left in the page: {raw}"
     assert not broken, f"{toc_page}: images that did not load: {broken}"
+    assert not overflow, (f"{toc_page}: needs horizontal scrolling at 1280 px (split the equation, "
+                          f"shorten the line to about 80 characters): {overflow}")
     assert not problems, f"{toc_page}:\n" + "\n".join(problems)
     assert shot.stat().st_size > 0

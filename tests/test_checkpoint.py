@@ -152,18 +152,37 @@ def test_plans_of_the_named_policies():
 
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(policy="half"), r"policy='half'.*valid choices: \['none', 'full', 'every_k', 'sqrt', 'selective', 'budget'\]"),
-    (dict(policy="every_k", k=0), r"k=0 must be an int >= 1"),
-    (dict(policy="every_k", k=-2), r"k=-2 must be an int >= 1"),
-    (dict(policy="every_k"), r"k=None must be an int >= 1"),
+    (dict(policy="every_k", k=0), r"k=0 must be an int in \[1, n_layer=4\]"),
+    (dict(policy="every_k", k=-2), r"k=-2 must be an int in \[1, n_layer=4\]"),
+    (dict(policy="every_k"), r"k=None must be an int in \[1, n_layer=4\]"),
+    (dict(policy="every_k", k=5), r"k=5 must be an int in \[1, n_layer=4\].*would checkpoint no block"),
+    (dict(policy="every_k", k=True), r"k=True must be an int"),
     (dict(policy="full", k=2), r"k=2 is only used by policy='every_k'"),
     (dict(policy="full", budget=10**6), r"budget=1000000 is only used by policy='budget'"),
     (dict(policy="budget"), r"policy='budget' needs budget= and batch_size="),
-    (dict(policy="budget", budget=-5, batch_size=2), r"budget=-5 must be a positive int"),
+    (dict(policy="budget", budget=-5, batch_size=2), r"budget=-5 must be an int >= 1"),
+    (dict(policy="budget", budget=10**6, batch_size=True), r"batch_size=True must be an int >= 1"),
     (dict(policy="full", impl="jax"), r"impl='jax' is unknown; valid choices: \['scratch', 'torch'\]"),
 ])
 def test_bad_input_names_argument_value_and_choices(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         apply_checkpointing(_model(), **kwargs)
+
+
+def test_plans_refuse_bools_where_ints_are_expected():
+    with pytest.raises(ValueError, match=r"n_layer=True must be an int >= 1"):
+        make_plan("full", True)
+    with pytest.raises(ValueError, match=r"segment \('full', True\)"):
+        Plan((("full", True),))
+
+
+def test_a_model_without_blocks_is_refused_with_what_it_needs():
+    with pytest.raises(TypeError, match=r"needs a model whose .blocks is an nn.ModuleList.*Linear with .blocks=missing"):
+        apply_checkpointing(torch.nn.Linear(2, 2), "full")
+    blocks = torch.nn.Module()
+    blocks.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])  # blocks without an attention core
+    with pytest.raises(TypeError, match=r"selective checkpointing recomputes block.attn.core, which block 0 \(Linear\)"):
+        apply_checkpointing(blocks, "selective")
 
 
 def test_a_budget_below_the_smallest_peak_says_what_can_be_reached():

@@ -2,6 +2,7 @@
 
 import os
 import time
+import types
 
 import multiprocessing
 
@@ -99,6 +100,42 @@ def test_under_torchrun_environment_runs_in_process(monkeypatch):
             launch(dist_workers.rank_and_pid, 2)
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_counter_agrees_with_torchs_comm_debug_mode():
+    # torch's CommDebugMode (torch.distributed.tensor.debug) counts the same dispatcher ops with
+    # code of its own; its op names are mapped to our kinds here, not through labkit's table
+    kind_of = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
+               "broadcast": "broadcast"}
+    for r in launch(dist_workers.counted_by_both, 2):
+        theirs = {}
+        for op, n in r["theirs"].items():
+            kind = next(k for key, k in kind_of.items() if key in op)
+            theirs[kind] = theirs.get(kind, 0) + n
+        assert r["ours"] == theirs and sum(theirs.values()) == r["theirs_total"]
+        # all-reduce: 1 + DDP's one bucket; all-gather: 1 + 2 units in forward + 1 in backward (the
+        # first layer's weight is not saved: its input needs no gradient); reduce-scatter: 1 + 2 units
+        assert r["ours"] == {"all_reduce": 2, "all_gather": 4, "reduce_scatter": 3, "broadcast": 1}, r["ours"]
+
+
+def test_launch_refuses_what_spawned_ranks_cannot_import():
+    def nested(rank, world_size):
+        return rank
+
+    for fn, pattern in ((lambda rank, world_size: rank, "lambda or a nested function"),
+                        (nested, "lambda or a nested function")):
+        with pytest.raises(ValueError, match=pattern):
+            launch(fn, 2)
+    main_fn = types.FunctionType(dist_workers.rank_and_pid.__code__, {}, "in_a_notebook")
+    main_fn.__module__ = "__main__"  # what a function defined in a notebook cell looks like
+    with pytest.raises(ValueError, match=r"fn=in_a_notebook is defined in __main__ \(a notebook cell"):
+        launch(main_fn, 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_nccl_without_cuda_says_so():
+    with pytest.raises(ValueError, match=r"backend='nccl' needs CUDA GPUs and none is available"):
+        launch(dist_workers.rank_and_pid, 2, backend="nccl")
 
 
 def test_counter_counts_nothing_without_collectives():

@@ -1,12 +1,14 @@
 """The exercise pipeline: otter assign builds, otter run grades, and nothing hidden leaks.
 
 Builds every chapter once into a temporary folder (scripts/exercises.py build), then grades the
-solutions, an untouched student notebook and an endless loop with scripts/exercises.py grade.
+solutions, an untouched student notebook, a submission with one broken answer, and an endless
+loop with scripts/exercises.py grade; checks statically that every answer cell stands alone.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib.util
 import json
 import re
@@ -151,6 +153,93 @@ def test_hidden_tests_never_reach_students(built, chapter):
         assert not leaked, f"{path} contains hidden test code: {leaked[:3]}"
 
 
+def _bound_and_free(code: str) -> tuple[set, set]:
+    """Names a cell binds (assignments, imports, defs, arguments) and names it uses unbound."""
+    bound, used = set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            (bound if isinstance(node.ctx, (ast.Store, ast.Del)) else used).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound, used - bound
+
+
+def _answers_and_setup(source_nb: Path) -> tuple[list, list]:
+    """(question, code) of every solution cell of a source notebook, and the code cells that
+    stand outside any question (the setup every answer may use)."""
+    answers, setup, question, in_solution = [], [], None, False
+    for cell in json.loads(source_nb.read_text())["cells"]:
+        text = _source(cell).strip()
+        if cell["cell_type"] == "raw":
+            begin = re.match(r"#\s*BEGIN QUESTION\s*\nname:\s*(\S+)", text)
+            if begin or re.match(r"#\s*END QUESTION", text):
+                question = begin.group(1) if begin else None
+            elif re.match(r"#\s*(BEGIN|END) SOLUTION", text):
+                in_solution = text.split()[1] == "BEGIN"
+        elif cell["cell_type"] == "code":
+            if in_solution:
+                answers.append((question, text))
+            elif question is None:
+                setup.append(text)
+    return answers, setup
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_answer_cell_stands_alone(chapter):
+    """No answer uses a name that only another answer defines (an import in q1 used by q3, say):
+    a broken answer then costs its own question only, for every question at once."""
+    answers, setup = _answers_and_setup(ex.SOURCE_DIR / f"{chapter}.ipynb")
+    assert answers, f"{chapter}: no solution cells found"
+    available = set(dir(builtins)).union(*(_bound_and_free(code)[0] for code in setup))
+    for question, code in answers:
+        missing = _bound_and_free(code)[1] - available
+        assert not missing, f"{chapter} {question}: the answer uses {sorted(missing)}, defined " \
+                            "in no setup cell; import or define it in the answer's own cell"
+
+
+def _filled_in(built, chapter) -> dict:
+    """The student notebook with every answer cell holding the solution, as a student writes it."""
+    nb = json.loads((built["student"] / f"{chapter}.ipynb").read_text())
+    solved = json.loads((built["dist"] / chapter / "autograder" / f"{chapter}.ipynb").read_text())
+    answers = [c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", [])]
+    solutions = [c for c in solved["cells"]
+                 if "otter_assign_solution_cell" in c["metadata"].get("tags", [])]
+    assert len(answers) == len(solutions) >= 2, (len(answers), len(solutions))
+    for answer, solution in zip(answers, solutions):
+        answer["source"] = _source(solution)
+    return nb
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_one_broken_answer_costs_only_its_question(built, chapter, tmp_path):
+    nb = _filled_in(built, chapter)
+    answers = [c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", [])]
+    answers[0]["source"] += "\nthis line is not Python (\n"  # a syntax error in q1's cell
+    broken = {"q1"}
+    if chapter == CHAPTERS[0]:  # and, in one chapter, an endless loop at the top of q2's cell
+        answers[1]["source"] = "while True:\n    pass\n" + answers[1]["source"]
+        broken.add("q2")
+    submission = tmp_path / "broken.ipynb"
+    submission.write_text(json.dumps(nb))
+    result = ex.grade(submission, timeout=240, cell_timeout=5, dist_dir=built["dist"])
+    assert not result["timed_out"]
+    assert sorted(result["max_scores"])[:2] == ["q1", "q2"], result["max_scores"]
+    for q, points in result["max_scores"].items():
+        if q in broken:
+            assert result["scores"][q] == 0, (q, result)
+            assert result["failures"][q], f"{q}: no failed case reported"
+            assert all(re.match(r"(public|hidden) test \d+: .*\w+Error", why)
+                       for why in result["failures"][q]), result["failures"][q]
+        else:
+            assert result["scores"][q] == points and not result["failures"][q], (q, result)
+
+
 def test_endless_loop_is_cut_off_and_scores_zero(built, tmp_path):
     chapter = CHAPTERS[0]
     nb = json.loads((built["student"] / f"{chapter}.ipynb").read_text())
@@ -159,7 +248,8 @@ def test_endless_loop_is_cut_off_and_scores_zero(built, tmp_path):
     submission = tmp_path / "loop.ipynb"
     submission.write_text(json.dumps(nb))
     start = time.monotonic()
-    result = ex.grade(submission, timeout=20, dist_dir=built["dist"])
+    # no limit per cell here (60 s > 20 s), as when a function loops inside the grading cell
+    result = ex.grade(submission, timeout=20, cell_timeout=60, dist_dir=built["dist"])
     elapsed = time.monotonic() - start
     assert result["timed_out"]
     assert result["scores"] == {q: 0.0 for q in result["max_scores"]} and result["max_total"] > 0

@@ -8,6 +8,7 @@ and, on a GPU, the CUDA caching allocator's peak.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,10 +19,10 @@ import torch
 from labkit.data import get_batch, load_corpus
 from labkit.memory import (
     CATEGORIES, MemoryMeter, activation_bytes, korthikanti_activation_bytes, measure_step,
-    model_state_bytes, zero_model_state_bytes,
+    model_state_bytes,
 )
 from labkit.model import GPTConfig, build_model, count_params
-from labkit.precision import MasterWeightOptimizer, make_optimizer, model_dtype
+from labkit.precision import PRECISIONS, MasterWeightOptimizer, make_optimizer, model_dtype
 
 SMALL = GPTConfig(n_layer=2, n_head=4, d_model=64, seq_len=32, vocab_size=256)
 
@@ -65,13 +66,6 @@ def test_adam_step_counters_are_four_bytes_per_tensor():
     assert model_state_bytes(10, "fp32", "sgd_momentum", n_tensors=3).optimizer == 4 * 10  # SGD keeps no step
 
 
-def test_zero_stages_shard_what_they_say():
-    full = model_state_bytes(64, "mixed", "adam")
-    assert zero_model_state_bytes(64, 4, 0).total == full.total
-    assert zero_model_state_bytes(64, 4, 1).as_dict() == {"params": 128, "grads": 128, "optimizer": 192, "total": 448}
-    assert zero_model_state_bytes(64, 4, 3).total == full.total // 4
-
-
 def test_activation_formula_reduces_to_korthikanti_under_its_assumptions():
     # 16-bit activations, 1-byte dropout masks (CUDA), LayerNorm statistics left out: sbh(34 + 5as/h).
     cfg = GPTConfig(n_layer=2, n_head=8, d_model=256, seq_len=128, vocab_size=256, dropout=0.1)
@@ -112,13 +106,11 @@ def test_master_weight_optimizer_updates_fp32_copies_and_writes_them_back():
 # --- bad input --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: model_state_bytes(10, "fp8"), r"precision='fp8' is unknown; valid choices: \['fp32', 'mixed', 'bf16'\]"),
+    (lambda: model_state_bytes(10, "fp8"), r"precision='fp8' is unknown; valid choices: " + re.escape(str(list(PRECISIONS)))),
     (lambda: model_state_bytes(10, "mixed", "lion"), r"optimizer='lion' is unknown; valid choices: .*'adamw'"),
     (lambda: model_state_bytes(-1), r"n_params=-1 must be an int >= 0"),
     (lambda: model_state_bytes(1.5e9), r"n_params=1500000000.0 must be an int"),
     (lambda: model_state_bytes(10, n_tensors=-2), r"n_tensors=-2"),
-    (lambda: zero_model_state_bytes(10, 0, 1), r"world_size=0 must be an int >= 1"),
-    (lambda: zero_model_state_bytes(10, 2, 4), r"stage=4 must be one of \[0, 1, 2, 3\]"),
     (lambda: activation_bytes(SMALL, 0), r"batch_size=0 must be an int >= 1"),
     (lambda: activation_bytes(SMALL, 2, -5), r"seq_len=-5"),
     (lambda: activation_bytes(SMALL, 2, dtype_bytes=3), r"dtype_bytes=3 must be 2 or 4"),

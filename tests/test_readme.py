@@ -34,3 +34,11 @@ def test_ci_runs_exactly_the_readme_test_command():
     lines = [ln.strip() for ln in ci.read_text(encoding="utf-8").splitlines()]
     assert "set -euo pipefail" in lines
     assert cmd in lines, f".ci/run does not run the README's test command {cmd!r}"
+
+
+def test_readme_says_how_to_publish_with_the_one_command():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    body = readme.split("## How to publish\n", 1)[1].split("\n## ", 1)[0]
+    assert "python scripts/set_repo_url.py https://github.com/OWNER/NAME" in body
+    assert "--check" in body and "repository.url" in body
+    assert (ROOT / "scripts" / "set_repo_url.py").is_file()

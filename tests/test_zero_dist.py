@@ -1,9 +1,10 @@
 """labkit.zero on real gloo ranks: training, memory, communication, checkpoints.
 
 Three launches serve every test here: 2 ranks (every scheme; stages 1-3 save 2-rank
-checkpoints), 4 ranks (the stages and the awkward ToyNet; stages 1-3 save 4-rank checkpoints
-and resume the 2-rank ones) and 2 ranks again (stages 1-3 resume the 4-rank ones; stage 3
-tries damaged ones). Each rank trains on its rows of the same global batches, so every
+checkpoints; ToyNet from rank-dependent seeds; refusals), 4 ranks (the stages and the awkward
+ToyNet; stages 1-3 save 4-rank checkpoints and resume the 2-rank ones) and 2 ranks again
+(stages 1-3 resume the 4-rank ones; stage 3 tries damaged ones). A failed launch fails only
+the tests that read it (see ``Launch``). Each rank trains on its rows of the same global batches, so every
 scheme must match one process on all rows.
 """
 
@@ -15,21 +16,41 @@ import torch
 from torch.testing import assert_close
 
 from labkit.dist import launch
-from labkit.memory import zero_model_state_bytes
-from labkit.zero import analytic_comm_volume, comm_volume
-from labkit.zero.toy import toy_rank
-from labkit.zero.workers import RESUMABLE, STAGE, reference_run, train_rank
+from labkit.runs.zero import RESUMABLE, STAGE, reference_run, train_rank
+from labkit.zero import analytic_comm_volume, comm_volume, zero_model_state_bytes
+from zero_workers import ToyNet, toy_rank, zero_test_rank
 
 STEPS, LR = 4, 3e-3
 KINDS_2 = ("ddp_torch", "ddp_naive", "ddp_bucketed", "zero1", "zero1_ddp", "zero1_torch", "zero2", "offload",
            "zero3", "fsdp2", "zero3_bf16", "fsdp2_bf16")
 KINDS_4 = ("ddp_torch", "zero1", "zero1_torch", "zero2", "zero3", "fsdp2")
+TOY_WRAPPED = ("ddp_naive", "ddp_bucketed", "zero1", "zero2", "zero3")
 # Losses: fp32 sums over ranks run in another order than over one batch: ~1e-7 relative.
 LOSS_TOL = dict(rtol=1e-6, atol=0)
 # Parameters: Adam's early steps are about lr * g / |g|, which turns that ~1e-7 relative
 # gradient difference into up to ~2e-5 where |g| is tiny (measured at lr=3e-3, 4 steps).
 PARAM_TOL = dict(rtol=0, atol=5e-5)
+# ToyNet has 82 numbers: summation order moves them by a few ulps at most.
+TOY_TOL = dict(rtol=0, atol=1e-6)
 GLOO = dict(backend="gloo", timeout_s=120, join_timeout_s=600)  # a loaded 2-core machine is slow
+
+
+class Launch:
+    """The results of one launch, or the error it raised. A failed launch fails the tests that
+    read its results, with its error; the launches after it still run (resuming only the
+    checkpoints that exist), so one failure does not turn every other test into an error."""
+
+    def __init__(self, fn, world_size, *args, **kwargs):
+        try:
+            self._results, self.error = launch(fn, world_size, *args, **kwargs), None
+        except Exception as e:  # noqa: BLE001 -- reported by every test that reads the results
+            self._results, self.error = None, e
+
+    @property
+    def results(self):
+        if self.error is not None:
+            pytest.fail(f"the launch these results come from failed: {self.error}")
+        return self._results
 
 
 @pytest.fixture(scope="module")
@@ -42,22 +63,30 @@ def _dirs(ckpt, world_size):
     return {kind: ckpt / f"at{world_size}" / kind for kind in RESUMABLE}
 
 
-@pytest.fixture(scope="module")
-def runs2(ckpt):
-    return launch(train_rank, 2, KINDS_2, steps=STEPS, save={"dir": _dirs(ckpt, 2), "at": 2},
-                  save_other=ckpt / "toy2", check_refusals=True, **GLOO)
+def _saved(ckpt, world_size):
+    """The checkpoints of ``_dirs`` that were completely written (their manifest comes last)."""
+    return {kind: d for kind, d in _dirs(ckpt, world_size).items() if (d / "manifest.json").is_file()}
 
 
 @pytest.fixture(scope="module")
-def runs4(ckpt, runs2):
-    return launch(train_rank, 4, KINDS_4, steps=STEPS, save={"dir": _dirs(ckpt, 4), "at": 2},
-                  resume=_dirs(ckpt, 2), toy_kinds=("zero1", "zero2", "zero3"), **GLOO)
+def launch2(ckpt):
+    return Launch(zero_test_rank, 2, KINDS_2, steps=STEPS, save={"dir": _dirs(ckpt, 2), "at": 2},
+                  save_toy=ckpt / "toy2", check_refusals=True, toy_seed_per_rank=TOY_WRAPPED, **GLOO)
 
 
 @pytest.fixture(scope="module")
-def damaged(ckpt, runs4):
+def launch4(ckpt, launch2):  # after launch2: it resumes the 2-rank checkpoints that exist
+    return Launch(zero_test_rank, 4, KINDS_4, steps=STEPS, save={"dir": _dirs(ckpt, 4), "at": 2},
+                  resume=_saved(ckpt, 2) or None, toy_kinds=("zero1", "zero2", "zero3") + TOY_WRAPPED[:2],
+                  **GLOO)
+
+
+@pytest.fixture(scope="module")
+def damaged(ckpt, launch4):
     """Copies of stage 3's 4-rank checkpoint: a shard missing, one truncated, one from ToyNet."""
     good = _dirs(ckpt, 4)["zero3"]
+    if not (good / "manifest.json").is_file() or not (ckpt / "toy2" / "manifest.json").is_file():
+        return []  # the launch that should have saved them failed: its tests say so
     missing, truncated, foreign = ckpt / "missing", ckpt / "truncated", ckpt / "foreign"
     for d in (missing, truncated, foreign):
         shutil.copytree(good, d)
@@ -69,8 +98,24 @@ def damaged(ckpt, runs4):
 
 
 @pytest.fixture(scope="module")
-def resumed2(ckpt, damaged):
-    return launch(train_rank, 2, (), steps=STEPS, resume=_dirs(ckpt, 4), bad_checkpoints=damaged, **GLOO)
+def launch_resumed2(ckpt, damaged):
+    bad = {"good": _dirs(ckpt, 4)["zero3"], "dirs": damaged} if damaged else None
+    return Launch(zero_test_rank, 2, (), steps=STEPS, resume=_saved(ckpt, 4) or None, bad_checkpoints=bad, **GLOO)
+
+
+@pytest.fixture(scope="module")
+def runs2(launch2):
+    return launch2.results
+
+
+@pytest.fixture(scope="module")
+def runs4(launch4):
+    return launch4.results
+
+
+@pytest.fixture(scope="module")
+def resumed2(launch_resumed2):
+    return launch_resumed2.results
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +244,7 @@ def test_offload_keeps_the_optimizer_states_on_the_cpu(runs2):
 def test_uneven_tied_frozen_and_unused_parameters(runs4):
     single = toy_rank(0, 1, ("single",))["single"]
     init = toy_rank(0, 1, ("single",), steps=0)["single"]["params"]
-    for kind in ("zero1", "zero2", "zero3"):
+    for kind in ("zero1", "zero2", "zero3") + TOY_WRAPPED[:2]:
         losses = torch.tensor(np.mean([r["toy"][kind]["losses"] for r in runs4], axis=0))
         assert_close(losses, torch.tensor(single["losses"], dtype=torch.float64), **LOSS_TOL)
         params = runs4[0]["toy"][kind]["params"]
@@ -207,17 +252,33 @@ def test_uneven_tied_frozen_and_unused_parameters(runs4):
         # tensor, and a tie broken by sharding would train the two apart and fail this match
         assert params.keys() == single["params"].keys()
         for name, value in params.items():
-            # a model of 82 numbers: summation order moves them by a few ulps at most
-            assert_close(torch.from_numpy(value), torch.from_numpy(single["params"][name]), rtol=0, atol=1e-6)
+            assert_close(torch.from_numpy(value), torch.from_numpy(single["params"][name]), **TOY_TOL)
             if name.startswith(("frozen", "unused")):  # never updated, not even by weight decay
                 assert np.array_equal(value, init[name]), (kind, name)
 
 
-def test_parameters_that_differ_across_ranks_are_refused(runs2):
+def test_parameters_that_differ_across_ranks_are_refused_when_checked(runs2):
     for rank in runs2:
+        assert set(rank["refusals"]) == set(TOY_WRAPPED)
         for wrapper, message in rank["refusals"].items():
             assert message is not None, wrapper
             assert "differ across ranks" in message and "'fc2.bias' on rank 1" in message, message
+
+
+def test_ranks_seeded_differently_train_like_one_process(runs2):
+    # as torch's DDP does, every wrapper starts all ranks from rank 0's parameters and buffers:
+    # rank 1 built ToyNet from seed 1, and the run must still equal one process from seed 0
+    single = toy_rank(0, 1, ("single",))["single"]
+    model = ToyNet()
+    n_tensors = len(list(model.parameters())) + len(list(model.buffers()))
+    for rank in runs2:
+        for kind in TOY_WRAPPED:
+            res = rank["toy_seeded"][kind]
+            assert res["wrap_broadcasts"] == n_tensors, kind  # counted: one broadcast per tensor
+            assert_close(torch.tensor(np.mean([r["toy_seeded"][kind]["losses"] for r in runs2], axis=0)),
+                         torch.tensor(single["losses"], dtype=torch.float64), **LOSS_TOL)
+            for name, value in res["params"].items():
+                assert_close(torch.from_numpy(value), torch.from_numpy(single["params"][name]), **TOY_TOL)
 
 
 @pytest.mark.parametrize("saved,resumed", [(2, 4), (4, 2)])
@@ -240,6 +301,7 @@ def test_damaged_checkpoints_are_refused_and_change_nothing(resumed2):
                 "a shard of another checkpoint (another model or run)",
                 "was saved from another model ('wte.weight' is not in it)"]
     for rank in resumed2:
+        assert len(rank["bad_checkpoints"]) == len(expected)
         for (message, unchanged), want in zip(rank["bad_checkpoints"], expected):
             assert message is not None and want in message, message
             assert unchanged
@@ -257,5 +319,7 @@ def test_the_stages_on_cuda_with_nccl():
     for res in results:
         assert res["offload"]["params_on"] == ["cuda"] and res["offload"]["state_on"] == ["cpu"]
         assert res["zero3"]["params_on"] == ["cuda"] and res["zero3"]["state_on"] == ["cuda"]
-        if world_size > 1:
-            assert res["zero3"]["memory"]["parameters"] < res["ddp_torch"]["memory"]["parameters"] / (world_size - 0.5)
+        # the shards are the parameters: 4 Psi / N bytes, plus the fp32 padding of each unit (< N elements)
+        want = zero_model_state_bytes(res["zero3"]["n_params"], world_size, 3, precision="fp32", optimizer="adamw")
+        pad = 4 * len(res["zero3"]["groups"]) * (world_size - 1)
+        assert abs(res["zero3"]["memory"]["parameters"] - want.params) <= pad

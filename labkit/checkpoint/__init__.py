@@ -1,12 +1,13 @@
 """Activation checkpointing (Chapter 3): recompute in backward what the forward did not keep.
 
 ``function``: the mechanism from scratch (:class:`CheckpointFunction`) and torch's as reference;
-``policies``: plans and :func:`apply_checkpointing`; ``analytic``: the bytes each plan keeps and
+``plan``: :class:`Plan` and the named policies; ``policies``: :func:`apply_checkpointing`; ``analytic``: the bytes each plan keeps and
 the FLOPs it recomputes; ``planner``: the plan with the least recomputation under a budget.
 """
 
 from .function import CheckpointFunction, RNGState, checkpoint_scratch, checkpoint_torch  # noqa: F401
-from .policies import IMPLS, MODES, POLICIES, Plan, apply_checkpointing, make_plan, remove_checkpointing  # noqa: F401
+from .plan import MODES, POLICIES, Plan, make_plan  # noqa: F401
+from .policies import IMPLS, apply_checkpointing, remove_checkpointing  # noqa: F401
 from .analytic import (BlockBytes, CheckpointBytes, block_bytes, block_forward_flops,  # noqa: F401
                        checkpoint_activation_bytes, core_forward_flops, recompute_flops)
 from .planner import min_peak_plan, plan_for_budget  # noqa: F401

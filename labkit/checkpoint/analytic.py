@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..memory.analytic import activation_bytes
-from .policies import Plan, make_plan
+from .plan import Plan, make_plan
 
 __all__ = ["BlockBytes", "CheckpointBytes", "block_bytes", "checkpoint_activation_bytes",
            "block_forward_flops", "core_forward_flops", "recompute_flops"]

@@ -11,8 +11,9 @@ that keeps more bytes than another for no fewer FLOPs and no lower peak (GPT-3's
 
 from __future__ import annotations
 
+from ..validate import check_int
 from .analytic import _head_peak, _segment_peak, block_bytes, block_forward_flops, core_forward_flops
-from .policies import Plan
+from .plan import Plan
 
 __all__ = ["plan_for_budget", "min_peak_plan"]
 
@@ -66,8 +67,7 @@ def plan_for_budget(cfg, budget: int, batch_size: int, seq_len: int | None = Non
     The peak counts activations and temporaries, as :class:`labkit.memory.MemoryMeter` measures them.
     A budget below the smallest reachable peak raises ``ValueError`` naming that peak.
     """
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0:
-        raise ValueError(f"budget={budget!r} must be a positive int (bytes)")
+    check_int("budget", budget, 1)
     kw = dict(dtype_bytes=dtype_bytes, device_type=device_type, training=training)
     found = _search(cfg, batch_size, seq_len, budget, by_peak=False, **kw)
     if found is None:

@@ -1,9 +1,7 @@
-"""Checkpointing policies as plans, and ``apply_checkpointing`` that puts a plan on a GPT.
+"""``apply_checkpointing`` puts a :class:`~labkit.checkpoint.plan.Plan` on a GPT.
 
-A :class:`Plan` splits ``model.blocks`` into consecutive segments, each with a mode: ``"none"``
-(keep every activation), ``"selective"`` (recompute the attention core only, Korthikanti et al.
-2022) or ``"full"`` (keep the segment's input, recompute the segment in backward, Chen et al.
-2016). A full segment of several blocks runs them all from its first block, whose ``forward``
+The plan splits ``model.blocks`` into segments whose mode is ``"none"``, ``"selective"`` or
+``"full"`` (see :mod:`labkit.checkpoint.plan`). A full segment of several blocks runs them all from its first block, whose ``forward``
 is replaced; the other blocks of the segment then pass their input through. Parameter names
 and ``state_dict`` are unchanged; :func:`remove_checkpointing` restores the plain forwards.
 """
@@ -11,75 +9,28 @@ and ``state_dict`` are unchanged; :func:`remove_checkpointing` restores the plai
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass
 
+import torch.nn as nn
+
+from ..validate import check_choice, check_int
 from .function import checkpoint_scratch, checkpoint_torch
+from .plan import Plan, make_plan
+from .planner import plan_for_budget
 
-__all__ = ["MODES", "POLICIES", "IMPLS", "Plan", "make_plan", "apply_checkpointing", "remove_checkpointing"]
+__all__ = ["IMPLS", "apply_checkpointing", "remove_checkpointing"]
 
-MODES = ("none", "selective", "full")
-POLICIES = ("none", "full", "every_k", "sqrt", "selective", "budget")
 IMPLS = ("scratch", "torch")
 _MARK = "_labkit_checkpointed"
 
 
-@dataclass(frozen=True)
-class Plan:
-    """Consecutive segments ``(mode, n_blocks)`` covering the blocks in order."""
-
-    segments: tuple
-
-    def __post_init__(self):
-        for mode, n in self.segments:
-            if mode not in MODES or not isinstance(n, int) or n < 1:
-                raise ValueError(f"segment ({mode!r}, {n!r}): mode must be one of {list(MODES)}, n_blocks an int >= 1")
-            if mode != "full" and n != 1:
-                raise ValueError(f"segment ({mode!r}, {n}): only 'full' segments may span several blocks")
-
-    @property
-    def n_layer(self) -> int:
-        return sum(n for _, n in self.segments)
-
-    @property
-    def modes(self) -> list[str]:
-        """The mode of each block."""
-        return [mode for mode, n in self.segments for _ in range(n)]
-
-    def bounds(self):
-        """(start, stop, mode) of each segment."""
-        start = 0
-        for mode, n in self.segments:
-            yield start, start + n, mode
-            start += n
-
-    def __str__(self):
-        """One letter a block, N(one), S(elective), F(ull); a full segment in brackets: ``N [FF] S``."""
-        return " ".join("[" + "F" * n + "]" if m == "full" else m[0].upper() for m, n in self.segments)
-
-
-def make_plan(policy: str, n_layer: int, k: int | None = None) -> Plan:
-    """The plan of a named policy for ``n_layer`` blocks (``"budget"`` needs the planner).
-
-    ``every_k`` recomputes blocks k, 2k, ... (1-based); ``sqrt`` cuts the blocks into segments of
-    ceil(sqrt(n_layer)) blocks, keeping only each segment's input (Chen et al. 2016, Sec. 4.1).
-    """
-    if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r} is unknown; valid choices: {list(POLICIES)}")
-    if not isinstance(n_layer, int) or n_layer < 1:
-        raise ValueError(f"n_layer={n_layer!r} must be an int >= 1")
-    if policy == "every_k":
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"k={k!r} must be an int >= 1 for policy='every_k'")
-        return Plan(tuple(("full" if (i + 1) % k == 0 else "none", 1) for i in range(n_layer)))
-    if k is not None:
-        raise ValueError(f"k={k!r} is only used by policy='every_k', not policy={policy!r}")
-    if policy == "budget":
-        raise ValueError("policy='budget' is planned from a budget: use apply_checkpointing(..., budget=...)")
-    if policy == "sqrt":
-        size = math.isqrt(n_layer - 1) + 1  # ceil(sqrt(n_layer))
-        return Plan(tuple(("full", min(size, n_layer - s)) for s in range(0, n_layer, size)))
-    return Plan(tuple((policy, 1) for _ in range(n_layer)))
+def _blocks(model) -> list:
+    """``model.blocks`` as a list of modules, or a TypeError saying what a model must have."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)) or not all(isinstance(b, nn.Module) for b in blocks):
+        raise TypeError(f"apply_checkpointing needs a model whose .blocks is an nn.ModuleList of blocks "
+                        f"(as labkit.model.GPT has); got a {type(model).__name__} with "
+                        f".blocks={type(blocks).__name__ if blocks is not None else 'missing'}")
+    return list(blocks)
 
 
 def _passthrough(x, *args, **kwargs):
@@ -109,17 +60,15 @@ def apply_checkpointing(model, policy="full", *, k: int | None = None, budget: i
     (:class:`CheckpointFunction`, whose peaks the planner predicts) or ``"torch"``
     (``torch.utils.checkpoint``, non-reentrant). Reapplying replaces the old plan.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"impl={impl!r} is unknown; valid choices: {list(IMPLS)}")
-    blocks = list(model.blocks)
+    check_choice("impl", impl, IMPLS)
+    blocks = _blocks(model)
     if isinstance(policy, Plan):
         plan = policy
     elif policy == "budget":
-        from .planner import plan_for_budget
-
         if budget is None or batch_size is None:
             raise ValueError(f"policy='budget' needs budget= and batch_size=, got budget={budget!r}, "
                              f"batch_size={batch_size!r}")
+        check_int("batch_size", batch_size, 1)
         param = next(model.parameters())
         plan = plan_for_budget(model.cfg, budget, batch_size, seq_len, dtype_bytes=param.element_size(),
                                device_type=param.device.type, training=model.training)
@@ -132,7 +81,10 @@ def apply_checkpointing(model, policy="full", *, k: int | None = None, budget: i
     remove_checkpointing(model)
     for start, stop, mode in plan.bounds():
         if mode == "selective":  # the attention core: scores, softmax, dropout, weighted sum
-            core = blocks[start].attn.core
+            core = getattr(getattr(blocks[start], "attn", None), "core", None)
+            if not isinstance(core, nn.Module):
+                raise TypeError(f"selective checkpointing recomputes block.attn.core, which block {start} "
+                                f"({type(blocks[start]).__name__}) does not have")
             _override(core, _checkpointed(impl, functools.partial(type(core).forward, core), []))
         elif mode == "full":  # the segment's input is kept, everything inside is recomputed
             segment = blocks[start:stop]

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from ..precision import _check
 
 __all__ = [
-    "ModelStateBytes", "model_state_bytes", "zero_model_state_bytes",
+    "ModelStateBytes", "model_state_bytes",
     "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes",
 ]
 
 # bytes per parameter: (parameters, gradients, optimizer states) for each policy
-_PARAM_GRAD = {"fp32": (4, 4), "mixed": (2, 2), "bf16": (2, 2)}
-_MASTER = {"fp32": 0, "mixed": 4, "bf16": 0}  # an fp32 copy of the weights
-_STATE_BYTES = {"fp32": 4, "mixed": 4, "bf16": 2}  # dtype of optimizer moments
+_PARAM_GRAD = {"fp32": (4, 4), "mixed": (2, 2), "mixed_fp32_grads": (2, 4), "bf16": (2, 2)}
+_MASTER = {"fp32": 0, "mixed": 4, "mixed_fp32_grads": 4, "bf16": 0}  # an fp32 copy of the weights
+_STATE_BYTES = {"fp32": 4, "mixed": 4, "mixed_fp32_grads": 4, "bf16": 2}  # dtype of optimizer moments
 _N_STATES = {"adam": 2, "adamw": 2, "sgd_momentum": 1, "sgd": 0}
 _STEP_COUNTER = {"adam": 4, "adamw": 4, "sgd_momentum": 0, "sgd": 0}  # torch's fp32 `step` per tensor
 
@@ -47,38 +47,26 @@ def _check_count(name, value, minimum=0):
 
 
 def model_state_bytes(n_params: int, precision: str = "mixed", optimizer: str = "adam",
-                      n_tensors: int = 0) -> ModelStateBytes:
+                      n_tensors: int = 0, *, device_type: str = "cpu",
+                      step_on_device: bool = False) -> ModelStateBytes:
     """Model-state bytes of Ψ = ``n_params`` parameters (Chapter 1, eq. 16Ψ).
 
-    ``precision``: ``"fp32"``, ``"mixed"`` (16-bit params and grads, fp32 master weights) or
-    ``"bf16"``; ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd_momentum"`` or ``"sgd"``.
-    ``n_tensors``: number of parameter tensors; torch's Adam keeps a 4-byte step count for each.
+    ``precision``: ``"fp32"``, ``"mixed"`` (16-bit params and grads, fp32 master weights),
+    ``"mixed_fp32_grads"`` (mixed with an fp32 gradient buffer: 18 bytes with Adam) or ``"bf16"``; ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd_momentum"`` or ``"sgd"``.
+    ``n_tensors``: number of parameter tensors; torch's Adam keeps a 4-byte step count for each,
+    on the CPU unless the optimizer is ``fused`` or ``capturable`` (``step_on_device=True``): on
+    ``device_type="cuda"`` the counters are then host memory and not counted.
     """
     _check(precision, optimizer)
     _check_count("n_params", n_params)
     _check_count("n_tensors", n_tensors)
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device_type={device_type!r} must be 'cpu' or 'cuda'")
+    counters = n_tensors if (device_type == "cpu" or step_on_device) else 0
     p, g = _PARAM_GRAD[precision]
     per_param_opt = _MASTER[precision] + _N_STATES[optimizer] * _STATE_BYTES[precision]
     return ModelStateBytes(params=p * n_params, grads=g * n_params,
-                           optimizer=per_param_opt * n_params + _STEP_COUNTER[optimizer] * n_tensors)
-
-
-def zero_model_state_bytes(n_params: int, world_size: int, stage: int, precision: str = "mixed",
-                           optimizer: str = "adam") -> ModelStateBytes:
-    """Per-rank model-state bytes under ZeRO ``stage`` 0-3 over ``world_size`` ranks (Chapter 2).
-
-    Stage 1 shards optimizer states, stage 2 also gradients, stage 3 also parameters;
-    shards are rounded up (ceil) as padding does.
-    """
-    _check_count("world_size", world_size, 1)
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage={stage!r} must be one of [0, 1, 2, 3]")
-    full = model_state_bytes(n_params, precision, optimizer)
-    shard = -(-n_params // world_size)  # ceil: the padded shard
-    part = model_state_bytes(shard, precision, optimizer)
-    return ModelStateBytes(params=part.params if stage >= 3 else full.params,
-                           grads=part.grads if stage >= 2 else full.grads,
-                           optimizer=part.optimizer if stage >= 1 else full.optimizer)
+                           optimizer=per_param_opt * n_params + _STEP_COUNTER[optimizer] * counters)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 __all__ = ["CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
-           "optimizer_tensors"]
+           "optimizer_tensors", "train_step"]
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations", "temporaries")
 
@@ -112,12 +112,14 @@ class MemoryMeter(TorchDispatchMode):
         self._phase = "(start)"
         self._forward_records: list[_Storage] = []
         self._cuda_dev = None
-        self._report = None
+        self._cuda_start = self._cuda_peak = None  # the caching allocator's counters, on CUDA only
 
     # -- tracking ---------------------------------------------------------------------------
     def _track(self, t: torch.Tensor, category: str | None = None) -> _Storage | None:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
             return None
+        if self._cuda_dev is not None and t.device != self._cuda_dev:
+            return None  # on a GPU, count device memory only (Adam's `step` lives on the host)
         st = t.untyped_storage()
         key = id(st)
         rec = self._by_storage.get(key)
@@ -155,6 +157,8 @@ class MemoryMeter(TorchDispatchMode):
                 self._track(b, "buffers")
         for t in optimizer_tensors(self.optimizer):
             self._track(t, "optimizer")
+        for t in getattr(self.optimizer, "grad_tensors", list)():  # e.g. fp32 gradient buffers
+            self._track(t, "gradients")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -224,9 +228,35 @@ class MemoryMeter(TorchDispatchMode):
             at_peak={c: timeline[c][peak_i] for c in CATEGORIES},
             max_by_category={c: max(timeline[c]) for c in CATEGORIES},
             ops=list(self._ops), phases=list(self._phases), timeline=timeline,
-            allocator_peak_bytes=getattr(self, "_cuda_peak", None),
-            allocator_start_bytes=getattr(self, "_cuda_start", None),
+            allocator_peak_bytes=self._cuda_peak,
+            allocator_start_bytes=self._cuda_start,
         )
+
+
+def train_step(model: torch.nn.Module, optimizer, batch, *, loss_fn=None, meter: MemoryMeter | None = None,
+               zero_grad: bool = True, keep_loss: bool = False):
+    """One forward, backward and (unless ``optimizer`` is None) optimizer step, in the meter's phases.
+
+    ``batch`` is ``(x, y)``; the loss is ``model(x, y)`` unless ``loss_fn(model, batch)`` is given.
+    The loss is freed in backward, as a training loop frees it, unless ``keep_loss``: then it is
+    returned (else None).
+    """
+    def phase(name):
+        return meter.phase(name) if meter is not None else contextlib.nullcontext()
+
+    with phase("forward"):
+        loss = model(*batch) if loss_fn is None else loss_fn(model, batch)
+    with phase("backward"):
+        loss.backward()
+        if not keep_loss:
+            del loss
+            loss = None
+    if optimizer is not None:
+        with phase("optimizer"):
+            optimizer.step()
+            if zero_grad:
+                optimizer.zero_grad(set_to_none=True)
+    return loss
 
 
 def measure_forward_backward(model: torch.nn.Module, batch, loss_fn=None) -> MemoryReport:
@@ -235,11 +265,7 @@ def measure_forward_backward(model: torch.nn.Module, batch, loss_fn=None) -> Mem
     ``batch`` is ``(x, y)``; the loss is ``model(x, y)`` unless ``loss_fn(model, batch)`` is given.
     """
     with MemoryMeter(model) as meter:
-        with meter.phase("forward"):
-            loss = model(*batch) if loss_fn is None else loss_fn(model, batch)
-        with meter.phase("backward"):
-            loss.backward()
-            del loss
+        train_step(model, None, batch, loss_fn=loss_fn, meter=meter)
     model.zero_grad(set_to_none=True)
     return meter.report()
 
@@ -253,13 +279,5 @@ def measure_step(model: torch.nn.Module, optimizer, batch, loss_fn=None, zero_gr
     if optimizer is None:
         raise ValueError("optimizer=None: measure_step needs an optimizer to take a step")
     with MemoryMeter(model, optimizer) as meter:
-        with meter.phase("forward"):
-            loss = model(*batch) if loss_fn is None else loss_fn(model, batch)
-        with meter.phase("backward"):
-            loss.backward()
-            del loss
-        with meter.phase("optimizer"):
-            optimizer.step()
-            if zero_grad:
-                optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, batch, loss_fn=loss_fn, meter=meter, zero_grad=zero_grad)
     return meter.report()

@@ -1,23 +1,57 @@
-"""The collectives ZeRO is built from, and what they move.
+"""ZeRO's communication pieces: stage 3's gather as an autograd ``Function``, and the hook that
+finishes a gradient synchronisation once backward is over.
 
-Pure functions over ``torch.distributed`` with the group passed explicitly, the autograd
-``Function`` that gathers a stage-3 unit's parameters (all-gather forward, reduce-scatter
-backward), the check that every rank starts from the same parameters, and the communication
-volume of a step: measured (from :class:`labkit.dist.CommCounter`) and analytic
-(Rajbhandari et al. 2020, Section 7: 2Ψ for data parallelism and stages 1-2, 3Ψ for stage 3).
+``sync_initial_state`` makes every rank start from rank 0's parameters (or checks that they do).
+The collectives themselves are the core's (:mod:`labkit.collectives`); what they move per step,
+measured and analytic, is in :mod:`labkit.zero.analytic`.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from ..collectives import (all_gather_flat, all_reduce_mean_, check_same_across_ranks,
-                           queue_after_backward, reduce_scatter_flat)
-from .flat import padded_numel
+from ..collectives import broadcast_from_rank0, check_same_across_ranks, queue_after_backward
+from ..validate import check_choice
 
-__all__ = ["all_gather_flat", "reduce_scatter_flat", "all_reduce_mean_", "check_same_across_ranks",
-           "AllGatherParams", "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume", "queue_after_backward"]
+__all__ = ["AllGatherParams", "FinishAfterBackward", "INIT_SYNCS", "check_init_sync", "sync_initial_state"]
+
+# How a wrapper makes the ranks start from the same state: copy rank 0's parameters and buffers
+# to every rank (torch's DistributedDataParallel does this), or refuse ranks that differ.
+INIT_SYNCS = ("broadcast", "check")
+
+
+def check_init_sync(init_sync: str) -> str:
+    return check_choice("init_sync", init_sync, INIT_SYNCS)
+
+
+def sync_initial_state(named_params, named_buffers=(), *, group=None, init_sync: str = "broadcast") -> None:
+    """Broadcast rank 0's parameters and buffers to every rank (``"broadcast"``, one collective
+    per tensor), or raise ValueError on every rank if the parameters differ (``"check"``)."""
+    if check_init_sync(init_sync) == "broadcast":
+        broadcast_from_rank0([t for _, t in list(named_params) + list(named_buffers)], group)
+    else:
+        check_same_across_ranks(named_params, group)
+
+
+class FinishAfterBackward:
+    """``arm()`` from inside backward makes ``callback`` run once, when that backward pass ends.
+
+    Any number of ``arm()`` calls in one pass queue the callback once (as DDP's and FSDP's
+    final callbacks do); the next pass arms it again.
+    """
+
+    def __init__(self, callback):
+        self.callback, self.armed = callback, False
+
+    def arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            queue_after_backward(self._run)
+
+    def _run(self) -> None:
+        self.armed = False
+        self.callback()
+
 
 class AllGatherParams(torch.autograd.Function):
     """Stage 3's gather of one unit: forward all-gathers the shards into the full parameters,
@@ -43,39 +77,3 @@ class AllGatherParams(torch.autograd.Function):
                                         device=unit.device)  # (P,), zeros where unused
         unit.reduce_scatter_grads(grad_full, used)  # launches the reduce-scatter
         return (None,) * (1 + len(grads))  # the shard gradients arrive in finish_grad_sync
-
-
-# -- communication volume -------------------------------------------------------------------
-
-# Elements moved per rank, per element of the full-size tensor (the paper's convention: an
-# all-reduce is a reduce-scatter plus an all-gather; the (N-1)/N factor of a ring is dropped).
-VOLUME_WEIGHT = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
-
-
-def comm_volume(numel_by_kind: dict) -> int:
-    """Elements a rank communicated, from a CommCounter's ``stats.numel`` (2 per all-reduced one)."""
-    unknown = set(k for k, v in numel_by_kind.items() if v) - set(VOLUME_WEIGHT)
-    if unknown:
-        raise ValueError(f"numel_by_kind has collectives {sorted(unknown)}; "
-                         f"valid kinds: {sorted(VOLUME_WEIGHT)}")
-    return sum(VOLUME_WEIGHT[k] * v for k, v in numel_by_kind.items())
-
-
-def analytic_comm_volume(n_params: int, stage: int, world_size: int = 1, group_numels=None) -> int:
-    """Elements each rank communicates per step: 2Ψ for stages 0-2 (an all-reduce, or a
-    reduce-scatter plus an all-gather), 3Ψ for stage 3 (a second all-gather in backward).
-
-    ``group_numels``: the sizes of the flat groups a sharded stage pads separately to multiples
-    of ``world_size``; with them the padded Ψ is used (stage 0 never pads).
-    """
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage={stage!r} must be one of [0, 1, 2, 3]")
-    if not isinstance(n_params, int) or isinstance(n_params, bool) or n_params < 0:
-        raise ValueError(f"n_params={n_params!r} must be an int >= 0")
-    psi = n_params
-    if group_numels is not None and stage > 0:
-        group_numels = list(group_numels)
-        if sum(group_numels) != n_params:
-            raise ValueError(f"group_numels sum to {sum(group_numels)}, not n_params={n_params}")
-        psi = sum(padded_numel(n, world_size) for n in group_numels)
-    return (3 if stage == 3 else 2) * psi

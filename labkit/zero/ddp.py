@@ -5,68 +5,84 @@ with all-reduce, 2Ψ elements per rank per step. ``DataParallelNaive`` all-reduc
 gradient on its own, as soon as backward produces it, and waits for it. ``DataParallelBucketed``
 copies gradients into buckets of about ``bucket_numel`` elements and launches an asynchronous
 all-reduce as soon as a bucket is complete, so communication overlaps the rest of backward
-(Li et al. 2020, the design of torch's DistributedDataParallel).
+(Li et al. 2020, the design of torch's DistributedDataParallel). Both start every rank from
+rank 0's parameters and buffers, and skip the all-reduce inside ``no_sync()``, as DDP does.
 """
 
 from __future__ import annotations
 
+import contextlib
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .comm import all_reduce_mean_, check_same_across_ranks, queue_after_backward
+from ..collectives import all_reduce_mean_
+from ..validate import check_int
+from .comm import FinishAfterBackward, sync_initial_state
+from .flat import buckets_by_numel
 
 __all__ = ["DataParallelNaive", "DataParallelBucketed"]
 
 
-class DataParallelNaive(nn.Module):
-    """All-reduce every parameter's gradient, one synchronous collective per parameter."""
+class _DataParallel(nn.Module):
+    """What both variants share: the wrapped module, the initial sync, ``no_sync``."""
 
-    def __init__(self, module: nn.Module, *, group=None):
+    def __init__(self, module: nn.Module, group, init_sync: str):
         super().__init__()
         self.module, self.group = module, group
         self.world_size = dist.get_world_size(group)
-        check_same_across_ranks(module.named_parameters(), group)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._all_reduce)
-                       for p in module.parameters() if p.requires_grad]
+        sync_initial_state(module.named_parameters(), module.named_buffers(), group=group, init_sync=init_sync)
+        self._sync = True
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside only accumulate local gradients; the first one outside
+        all-reduces the sum (gradient accumulation, Chapter 4)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+
+class DataParallelNaive(_DataParallel):
+    """All-reduce every parameter's gradient, one synchronous collective per parameter."""
+
+    def __init__(self, module: nn.Module, *, group=None, init_sync: str = "broadcast"):
+        super().__init__(module, group, init_sync)
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._all_reduce)
+
     def _all_reduce(self, p):
-        all_reduce_mean_(p.grad, self.world_size, self.group)
+        if self._sync:
+            all_reduce_mean_(p.grad, self.world_size, self.group)
 
     def finish_grad_sync(self) -> None:
         """Nothing is left in flight: every all-reduce finished inside backward."""
 
 
-class DataParallelBucketed(nn.Module):
+class DataParallelBucketed(_DataParallel):
     """Bucketed, overlapped all-reduce; the gradients end up as views of the buckets.
 
     Parameters fill buckets in reverse order, the order backward produces their gradients.
     ``launched_in_backward`` counts the buckets whose all-reduce started while backward ran.
     """
 
-    def __init__(self, module: nn.Module, *, group=None, bucket_numel: int = 2 ** 18):
-        super().__init__()
-        if not isinstance(bucket_numel, int) or bucket_numel < 1:
-            raise ValueError(f"bucket_numel={bucket_numel!r} must be an int >= 1")
-        self.module, self.group = module, group
-        self.world_size = dist.get_world_size(group)
-        check_same_across_ranks(module.named_parameters(), group)
+    def __init__(self, module: nn.Module, *, group=None, bucket_numel: int = 2 ** 18,
+                 init_sync: str = "broadcast"):
+        check_int("bucket_numel", bucket_numel, 1)
+        super().__init__(module, group, init_sync)
         params = [p for p in module.parameters() if p.requires_grad]
-        self._buckets, current, size = [], [], 0
-        for p in reversed(params):
-            if current and size + p.numel() > bucket_numel:
-                self._buckets.append(current)
-                current, size = [], 0
-            current.append(p)
-            size += p.numel()
-        if current:
-            self._buckets.append(current)
+        self._buckets = buckets_by_numel(params[::-1], torch.Tensor.numel, bucket_numel)
         self._where = {id(p): (b, i) for b, ps in enumerate(self._buckets) for i, p in enumerate(ps)}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+        self._after_backward = FinishAfterBackward(self.finish_grad_sync)
         self._reset()
         self.launched_in_backward = 0
 
@@ -74,15 +90,11 @@ class DataParallelBucketed(nn.Module):
         self._flat = [None] * len(self._buckets)  # (Σ numel,) per bucket while it fills
         self._ready = [set() for _ in self._buckets]
         self._works = []
-        self._callback_queued = False
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
 
     def _grad_ready(self, p):
-        if not self._callback_queued:
-            queue_after_backward(self.finish_grad_sync)
-            self._callback_queued = True
+        if not self._sync:
+            return  # no_sync: the gradient accumulates in p.grad until a synced backward
+        self._after_backward.arm()
         b, i = self._where[id(p)]
         params = self._buckets[b]
         if self._flat[b] is None:

@@ -12,25 +12,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["shard_numel", "padded_numel", "shard_range", "param_slice", "FlatLayout", "check_world"]
+from ..validate import check_int
 
-
-def _check_int(name, value, minimum):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
-
-
-def check_world(rank: int, world_size: int) -> None:
-    """Raise ValueError unless ``0 <= rank < world_size``."""
-    _check_int("world_size", world_size, 1)
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank!r} must be an int in [0, {world_size - 1}] for world_size={world_size}")
+__all__ = ["shard_numel", "padded_numel", "shard_range", "param_slice", "FlatLayout", "buckets_by_numel"]
 
 
 def shard_numel(numel: int, world_size: int) -> int:
     """Elements of one rank's shard: ceil(numel / world_size)."""
-    _check_int("numel", numel, 0)
-    _check_int("world_size", world_size, 1)
+    check_int("numel", numel, 0)
+    check_int("world_size", world_size, 1)
     return -(-numel // world_size)
 
 
@@ -45,7 +35,8 @@ def shard_range(numel: int, world_size: int, rank: int) -> tuple[int, int]:
     ``stop - start`` is ``shard_numel`` for all but the last ranks, which own the padding;
     a rank that owns only padding gets an empty range ``(numel, numel)``.
     """
-    check_world(rank, world_size)
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0, world_size - 1)
     s = shard_numel(numel, world_size)
     return min(rank * s, numel), min((rank + 1) * s, numel)
 
@@ -56,6 +47,20 @@ def param_slice(offset: int, numel: int, start: int, stop: int) -> tuple[int, in
     a = min(max(start - offset, 0), numel)
     b = max(min(stop - offset, numel), a)
     return a, b
+
+
+def buckets_by_numel(items, numel, bucket_numel: int | None) -> list[list]:
+    """Consecutive runs of ``items`` of at most ``bucket_numel`` elements each (``numel(item)``);
+    an item larger than that gets a bucket of its own; None: one bucket for everything."""
+    buckets, current, size = [], [], 0
+    for item in items:
+        n = numel(item)
+        if current and bucket_numel is not None and size + n > bucket_numel:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += n
+    return buckets + ([current] if current else [])
 
 
 @dataclass(frozen=True)

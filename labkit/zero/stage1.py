@@ -14,8 +14,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .comm import all_gather_flat, check_same_across_ranks, reduce_scatter_flat
-from .flat import FlatLayout, param_slice, shard_numel
+from torch.utils._pytree import tree_leaves
+
+from ..collectives import all_gather_flat, reduce_scatter_flat
+from ..validate import check_int
+from .comm import check_init_sync, sync_initial_state
+from .flat import FlatLayout, buckets_by_numel, param_slice, shard_numel
 
 __all__ = ["ShardedOptimizer", "check_elementwise_optimizer"]
 
@@ -61,12 +65,12 @@ def check_elementwise_optimizer(optimizer_cls, optimizer_kwargs: dict) -> None:
 class _Bucket:
     """Parameters laid end to end in one flat padded buffer; this rank's slice of each.
 
-    ``flat`` (P,) holds the parameters (they become views of it); ``slices[i]`` is the part of
-    parameter i in [start, start + S), a view of ``flat`` or, when offloaded, a copy on
-    ``offload_device``; ``bounds[i] = (a, b)`` in the parameter's flat coordinates.
+    ``flat`` (P,) holds the parameters (they become views of it); ``slices[i]``, made by
+    ``new_slice`` from a view of ``flat``, is the part of parameter i in [start, start + S);
+    ``bounds[i] = (a, b)`` in the parameter's flat coordinates.
     """
 
-    def __init__(self, names, params, rank, world_size, offload_device=None):
+    def __init__(self, names, params, rank, world_size, new_slice):
         self.names, self.params = list(names), list(params)
         self.layout = FlatLayout.of(names, params)
         self.S = shard_numel(self.layout.numel, world_size)
@@ -75,17 +79,11 @@ class _Bucket:
             self.flat = self.layout.flatten([p.detach() for p in params], world_size)  # (P,)
             for p, view in zip(params, self.layout.views(self.flat)):
                 p.data = view
-        self.offloaded = offload_device is not None
         self.bounds, self.slices = [], []
         for p, off, n in zip(params, self.layout.offsets, self.layout.numels()):
             a, b = param_slice(off, n, self.start, self.start + self.S)
-            part = p.detach().reshape(-1)[a:b]
-            if self.offloaded:  # ZeRO-Offload: the master slice lives on the CPU
-                part = part.to(offload_device, copy=True)
             self.bounds.append((a, b))
-            self.slices.append(nn.Parameter(part))
-        self.grad_full = None  # stage 2: the bucket's gradients while backward fills them
-        self.used = None
+            self.slices.append(new_slice(p.detach().reshape(-1)[a:b]))
 
     def shard_coords(self, i):
         """Where parameter i's slice sits in this rank's shard (S,)."""
@@ -103,29 +101,29 @@ class ShardedOptimizer(torch.optim.Optimizer):
     (default: one per parameter group). Frozen parameters stay out; a parameter without a
     gradient (on every rank, as DDP requires) is skipped, as torch's optimizers do. ``params``
     may come from ``named_parameters()``: the names then appear in errors and checkpoints.
+    ``init_sync``: ``"broadcast"`` rank 0's parameters to every rank first, or ``"check"`` them.
     """
 
-    _reverse_buckets = False
-
     def __init__(self, params, optimizer_cls, *, group=None, reduce_grads: bool = True,
-                 bucket_numel: int | None = None, offload_device=None, **optimizer_kwargs):
+                 bucket_numel: int | None = None, init_sync: str = "broadcast", **optimizer_kwargs):
         check_elementwise_optimizer(optimizer_cls, optimizer_kwargs)
-        if bucket_numel is not None and (not isinstance(bucket_numel, int) or bucket_numel < 1):
-            raise ValueError(f"bucket_numel={bucket_numel!r} must be None or an int >= 1")
+        if bucket_numel is not None:
+            check_int("bucket_numel", bucket_numel, 1)
+        check_init_sync(init_sync)
         super().__init__(params, dict(optimizer_kwargs))
         self.group, self.reduce_grads = group, bool(reduce_grads)
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        self.offload_device = None if offload_device is None else torch.device(offload_device)
         named = [[(self._name(g, gi, pi), p) for pi, p in enumerate(g["params"])]
                  for gi, g in enumerate(self.param_groups)]
         flat_named = [item for group_named in named for item in group_named]
-        check_same_across_ranks(flat_named, group)
+        sync_initial_state(flat_named, group=group, init_sync=init_sync)
         self._order = {n: i for i, (n, _) in enumerate(flat_named)}
         self._buckets, inner_groups = [], []
         for g, group_named in zip(self.param_groups, named):
-            trainable = [(n, p) for n, p in group_named if p.requires_grad]
+            trainable = self._bucket_order([(n, p) for n, p in group_named if p.requires_grad])
             buckets = [_Bucket([n for n, _ in chunk], [p for _, p in chunk], self.rank, self.world_size,
-                               self.offload_device) for chunk in self._chunks(trainable, bucket_numel)]
+                               self._new_slice)
+                       for chunk in buckets_by_numel(trainable, lambda item: item[1].numel(), bucket_numel)]
             self._buckets += buckets
             slices = [s for b in buckets for s in b.slices]
             inner_groups.append({**self._hyper(g), "params": slices})
@@ -143,16 +141,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _hyper(group):
         return {k: v for k, v in group.items() if k not in ("params", "param_names")}
 
-    def _chunks(self, named, bucket_numel):
-        order = list(reversed(named)) if self._reverse_buckets else list(named)  # backward order
-        chunks, current, size = [], [], 0
-        for name, p in order:
-            if current and bucket_numel is not None and size + p.numel() > bucket_numel:
-                chunks.append(current)
-                current, size = [], 0
-            current.append((name, p))
-            size += p.numel()
-        return chunks + ([current] if current else [])
+    def _bucket_order(self, named):
+        """The order parameters fill buckets in: the model's."""
+        return named
+
+    def _new_slice(self, part):
+        """This rank's slice of a parameter, the leaf the inner optimizer updates: a view of ``flat``."""
+        return nn.Parameter(part)
 
     # -- one step ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -170,12 +165,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _set_slice_grad(self, bucket, i, grad_part):
         s = bucket.slices[i]
-        if bucket.offloaded:  # device -> host copy of this rank's gradient slice
-            grad_part = grad_part.to(s.device, copy=True)
         s.grad = grad_part if s.grad is None else s.grad.add_(grad_part)
 
     def _shard_grads(self):
-        """Stage 1: give every slice its gradient (reduce-scattered when ``reduce_grads``)."""
+        """Give every slice its gradient (reduce-scattered when ``reduce_grads``)."""
         for b in self._buckets:
             for s in b.slices:
                 s.grad = None
@@ -199,10 +192,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Every rank's updated slices to every rank: one all-gather per bucket."""
         for b in self._buckets:
             mine = b.flat[b.start:b.start + b.S]
-            if b.offloaded:  # host -> device copy of the updated master slice
-                for i, s in enumerate(b.slices):
-                    lo, hi = b.shard_coords(i)
-                    mine[lo:hi].copy_(s.detach())
             all_gather_flat(mine.clone(), self.world_size, self.group, out=b.flat)
 
     def zero_grad(self, set_to_none: bool = True):
@@ -213,20 +202,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 elif p.grad is not None:
                     p.grad.zero_()
         for b in self._buckets:
-            b.grad_full, b.used = None, None
             for s in b.slices:
                 s.grad = None
 
     # -- what the memory meter and the checkpoints read -------------------------------------
     def state_tensors(self) -> list[torch.Tensor]:
-        """The inner optimizer's states, and the master slices when they are offloaded."""
-        from torch.utils._pytree import tree_leaves
-        states = [t for t in tree_leaves(list(self.inner.state.values())) if isinstance(t, torch.Tensor)]
-        return states + [s for b in self._buckets if b.offloaded for s in b.slices]
-
-    @property
-    def num_buckets(self) -> int:
-        return len(self._buckets)
+        """The inner optimizer's states."""
+        return [t for t in tree_leaves(list(self.inner.state.values())) if isinstance(t, torch.Tensor)]
 
     def bucket_numels(self) -> list[int]:
         """Ψ_g of each flat bucket, before padding."""
@@ -240,17 +222,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def load_entry_values(self, values: dict) -> None:
-        """Set every parameter (and offloaded slice) from full flat values keyed like the entries."""
+        """Set every parameter from full flat values keyed like the entries."""
         for b in self._buckets:
-            for i, (name, p) in enumerate(zip(b.names, b.params)):
+            for name, p in zip(b.names, b.params):
                 p.copy_(values[name].view(p.shape))
-                if b.offloaded:
-                    a, c = b.bounds[i]
-                    b.slices[i].copy_(values[name][a:c])
 
     def state_dict(self):
         raise NotImplementedError("a ShardedOptimizer's state is split over ranks: save it with "
-                                  "labkit.zero.checkpoint.save_sharded")
+                                  "labkit.zero.save_sharded")
 
     def load_state_dict(self, state_dict):
-        raise NotImplementedError("load a sharded checkpoint with labkit.zero.checkpoint.load_sharded")
+        raise NotImplementedError("load a sharded checkpoint with labkit.zero.load_sharded")

@@ -13,7 +13,8 @@ from functools import partial
 
 import torch
 
-from .comm import queue_after_backward, reduce_scatter_flat
+from ..collectives import reduce_scatter_flat
+from .comm import FinishAfterBackward
 from .stage1 import ShardedOptimizer
 
 __all__ = ["ShardedGradOptimizer"]
@@ -28,53 +29,51 @@ class ShardedGradOptimizer(ShardedOptimizer):
     without ``find_unused_parameters``, a parameter must get a gradient on all ranks or none.
     """
 
-    _reverse_buckets = True  # backward reaches the last parameters first
-
     def __init__(self, params, optimizer_cls, *, group=None, bucket_numel: int | None = 2 ** 18,
-                 offload_device=None, **optimizer_kwargs):
+                 init_sync: str = "broadcast", **optimizer_kwargs):
         super().__init__(params, optimizer_cls, group=group, reduce_grads=True, bucket_numel=bucket_numel,
-                         offload_device=offload_device, **optimizer_kwargs)
-        self._hooks = [p.register_post_accumulate_grad_hook(partial(self._grad_ready, b, i))
-                       for b in self._buckets for i, p in enumerate(b.params)]
-        self._callback_queued = False
+                         init_sync=init_sync, **optimizer_kwargs)
+        self._filling = {}  # bucket index -> (full gradients (P,), used flags) while backward fills it
+        self._after_backward = FinishAfterBackward(self.finish_grad_sync)
+        for bi, b in enumerate(self._buckets):
+            for i, p in enumerate(b.params):
+                p.register_post_accumulate_grad_hook(partial(self._grad_ready, bi, i))
 
-    def _grad_ready(self, bucket, i, p):
-        """Backward accumulated ``p.grad``: move it into the bucket and free it."""
-        if not self._callback_queued:  # whatever backward leaves unreduced, reduce at its end
-            queue_after_backward(self.finish_grad_sync)
-            self._callback_queued = True
-        if bucket.grad_full is None:
-            bucket.grad_full = torch.zeros_like(bucket.flat)  # (P,)
-            bucket.used = [False] * len(bucket.params)
+    def _bucket_order(self, named):
+        return named[::-1]  # backward reaches the last parameters first
+
+    def _grad_ready(self, bi, i, p):
+        """Backward accumulated ``p.grad``: add it into its bucket and free it."""
+        self._after_backward.arm()  # whatever backward leaves unreduced is reduced at its end
+        bucket = self._buckets[bi]
+        if bi not in self._filling:
+            self._filling[bi] = (torch.zeros_like(bucket.flat), [False] * len(bucket.params))  # (P,)
+        grad_full, used = self._filling[bi]
         off, n = bucket.layout.offsets[i], p.numel()
-        bucket.grad_full[off:off + n].add_(p.grad.reshape(-1))
+        grad_full[off:off + n].add_(p.grad.reshape(-1))
         p.grad = None  # the full gradient lives only until its bucket is reduced
-        bucket.used[i] = True
-        if all(bucket.used):
-            self._reduce_bucket(bucket)
+        used[i] = True
+        if all(used):
+            self._reduce_bucket(bi)
 
-    def _reduce_bucket(self, bucket):
-        flat_grad = bucket.grad_full.div_(self.world_size)  # the mean over ranks, as DDP takes it
-        shard = reduce_scatter_flat(flat_grad, self.world_size, self.group)  # (S,)
-        for i, used in enumerate(bucket.used):
-            if used:
+    def _reduce_bucket(self, bi):
+        bucket, (grad_full, used) = self._buckets[bi], self._filling.pop(bi)
+        grad_full.div_(self.world_size)  # the mean over ranks, as DDP takes it
+        shard = reduce_scatter_flat(grad_full, self.world_size, self.group)  # (S,)
+        for i, u in enumerate(used):
+            if u:
                 lo, hi = bucket.shard_coords(i)
                 self._set_slice_grad(bucket, i, shard[lo:hi])
-        bucket.grad_full, bucket.used = None, None
 
     def finish_grad_sync(self) -> None:
         """Reduce-scatter the buckets that backward left incomplete (parameters without a
         gradient); runs by itself at the end of backward and again before ``step``."""
-        self._callback_queued = False
-        for b in self._buckets:
-            if b.grad_full is not None:
-                self._reduce_bucket(b)
+        for bi in sorted(self._filling):
+            self._reduce_bucket(bi)
 
     def _shard_grads(self):
         self.finish_grad_sync()
 
-    def remove_hooks(self) -> None:
-        """Detach the gradient hooks from the parameters."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+    def zero_grad(self, set_to_none: bool = True):
+        super().zero_grad(set_to_none)
+        self._filling = {}

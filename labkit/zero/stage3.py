@@ -17,7 +17,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._pytree import tree_map
 
-from .comm import AllGatherParams, all_gather_flat, check_same_across_ranks, queue_after_backward, reduce_scatter_flat
+from ..collectives import all_gather_flat, reduce_scatter_flat
+from .comm import AllGatherParams, FinishAfterBackward, check_init_sync, sync_initial_state
 from .flat import FlatLayout, param_slice, shard_numel
 
 __all__ = ["FullyShardedModule"]
@@ -26,17 +27,23 @@ _DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
 
 
 class _Unit:
-    """One unit's parameters: a flat shard (S,) in the master dtype and a view of it per parameter."""
+    """One unit's parameters: a flat shard (S,) in the master dtype and a view of it per parameter.
 
-    def __init__(self, name, names, params, refs, rank, world_size, group, compute_dtype, live, queue_finish):
-        self.name, self.names, self.refs = name, list(names), refs
-        self.rank, self.world_size, self.group, self.live = rank, world_size, group, live
-        self.queue_finish = queue_finish  # makes the wrapper's finish_grad_sync run after backward
+    ``refs[i]`` lists the (module, attribute) pairs through which parameter i is read;
+    ``after_backward.arm()`` is called whenever backward reaches the unit.
+    """
+
+    def __init__(self, name, named_params, refs, group, compute_dtype, after_backward):
+        names, params = [n for n, _ in named_params], [p for _, p in named_params]
+        self.name, self.names, self.refs, self.group = name, names, refs, group
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.after_backward = after_backward
         self.layout = FlatLayout.of(names, params)
-        self.S = shard_numel(self.layout.numel, world_size)
-        start = rank * self.S
+        self.S = shard_numel(self.layout.numel, self.world_size)
+        start = self.rank * self.S
         with torch.no_grad():
-            self.shard = self.layout.flatten([p.detach() for p in params], world_size)[start:start + self.S].clone()
+            flat = self.layout.flatten([p.detach() for p in params], self.world_size)  # (P,)
+            self.shard = flat[start:start + self.S].clone()  # (S,)
         self.device, self.master_dtype = self.shard.device, self.shard.dtype
         self.compute_dtype = compute_dtype or self.master_dtype
         self.bounds, self.slices = [], []
@@ -48,14 +55,14 @@ class _Unit:
         self.requires_grad = any(p.requires_grad for p in params)
         self.full_bwd = None  # the parameters gathered again for backward
         self.pending = []  # (work, shard gradient, full gradient kept alive, used) per reduce-scatter
-        self.ptr = None
 
     def gather(self) -> torch.Tensor:
         """All-gather the full flat parameters (P,) in the compute dtype (no autograd)."""
         send = self.shard if self.compute_dtype == self.master_dtype else self.shard.to(self.compute_dtype)
         return all_gather_flat(send.detach(), self.world_size, self.group)
 
-    def pre_forward(self):
+    def pre_forward(self) -> int:
+        """Gather the parameters and put them on their modules; returns their storage's address."""
         if torch.is_grad_enabled() and self.requires_grad:
             views = AllGatherParams.apply(self, *self.slices)
         else:
@@ -64,17 +71,16 @@ class _Unit:
         for view, refs in zip(views, self.refs):
             for module, attr in refs:
                 module.__dict__[attr] = view
-        self.ptr = views[0].untyped_storage().data_ptr()
-        self.live[self.ptr] = self
+        return views[0].untyped_storage().data_ptr()
 
     def post_forward(self):
         """Drop every reference to the gathered parameters: saved tensors hold handles only."""
         for refs in self.refs:
             for module, attr in refs:
                 module.__dict__[attr] = None
-        self.live.pop(self.ptr, None)
 
     def full_for_backward(self) -> torch.Tensor:
+        self.after_backward.arm()
         if self.full_bwd is None:
             with torch.no_grad():
                 self.full_bwd = self.gather()
@@ -82,7 +88,7 @@ class _Unit:
 
     def reduce_scatter_grads(self, grad_full, used):
         """Called by AllGatherParams.backward: free the parameters, launch the reduce-scatter."""
-        self.queue_finish()
+        self.after_backward.arm()
         self.full_bwd = None
         grad_full.div_(self.world_size)  # the mean over ranks, as DDP takes it
         shard, work = reduce_scatter_flat(grad_full, self.world_size, self.group, async_op=True)
@@ -128,15 +134,17 @@ class FullyShardedModule(nn.Module):
     itself at its end). ``full_state_dict()`` gathers a plain state dict of the wrapped module.
     """
 
-    def __init__(self, module: nn.Module, *, group=None, unit_types=(), compute_dtype=None):
+    def __init__(self, module: nn.Module, *, group=None, unit_types=(), compute_dtype=None,
+                 init_sync: str = "broadcast"):
         super().__init__()
         if compute_dtype not in _DTYPES:
             raise ValueError(f"compute_dtype={compute_dtype!r} must be one of {list(_DTYPES)}")
         is_unit = _unit_predicate(unit_types)
+        check_init_sync(init_sync)
         self.group, self.compute_dtype = group, compute_dtype
-        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.world_size = dist.get_world_size(group)
         named = list(module.named_parameters())
-        check_same_across_ranks(named, group)
+        sync_initial_state(named, module.named_buffers(), group=group, init_sync=init_sync)
         fqn_of = {id(p): fqn for fqn, p in named}  # a tied parameter answers to its first name
         self._state_plan = []  # (key, fqn of a parameter) or (key, (module, buffer name))
         for key, value in module.state_dict(keep_vars=True).items():
@@ -145,7 +153,8 @@ class FullyShardedModule(nn.Module):
             else:
                 prefix, _, attr = key.rpartition(".")
                 self._state_plan.append((key, (module.get_submodule(prefix), attr)))
-        self._live, self._callback_queued = {}, False
+        self._live = {}  # storage address of a unit's gathered parameters -> the unit, while gathered
+        self._after_backward = FinishAfterBackward(self.finish_grad_sync)
 
         unit_of = {}  # id(module) -> name of its nearest enclosing unit ("" is the root)
 
@@ -170,8 +179,8 @@ class FullyShardedModule(nn.Module):
             by_unit.setdefault(owners.pop() if len(owners) == 1 else "", []).append((fqn, p))
         self._units, slices = [], []
         for name, members in by_unit.items():
-            unit = _Unit(name, [f for f, _ in members], [p for _, p in members], [refs[id(p)] for _, p in members],
-                         self.rank, self.world_size, group, compute_dtype, self._live, self.queue_finish)
+            unit = _Unit(name, members, [refs[id(p)] for _, p in members], group, compute_dtype,
+                         self._after_backward)
             self._units.append(unit)
             slices += unit.slices
             for module_ref, attr in (r for _, p in members for r in refs[id(p)]):
@@ -181,8 +190,8 @@ class FullyShardedModule(nn.Module):
         for unit in self._units:
             if unit.name:
                 mod = module.get_submodule(unit.name)
-                mod.register_forward_pre_hook(lambda m, args, unit=unit: unit.pre_forward())
-                mod.register_forward_hook(lambda m, args, out, unit=unit: unit.post_forward())
+                mod.register_forward_pre_hook(lambda m, args, unit=unit: self._enter(unit))
+                mod.register_forward_hook(lambda m, args, out, unit=unit: self._leave(unit))
         self.module = module
         self.shards = nn.ParameterList(slices)
 
@@ -193,12 +202,19 @@ class FullyShardedModule(nn.Module):
             args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             if self._root is not None:
-                self._root.pre_forward()
+                self._enter(self._root)
             try:
                 return self.module(*args, **kwargs)
             finally:
                 if self._root is not None:
-                    self._root.post_forward()
+                    self._leave(self._root)
+
+    def _enter(self, unit):
+        self._live[unit.pre_forward()] = unit
+
+    def _leave(self, unit):
+        unit.post_forward()
+        self._live = {ptr: u for ptr, u in self._live.items() if u is not unit}
 
     def _pack(self, t):
         try:
@@ -210,20 +226,12 @@ class FullyShardedModule(nn.Module):
     def _unpack(self, saved):
         if not isinstance(saved, _Handle):
             return saved
-        self.queue_finish()
         return saved.unit.full_for_backward().as_strided(saved.size, saved.stride, saved.offset)
-
-    def queue_finish(self) -> None:
-        """Make sure finish_grad_sync runs at the end of the backward pass under way."""
-        if not self._callback_queued:
-            self._callback_queued = True
-            queue_after_backward(self.finish_grad_sync)
 
     def finish_grad_sync(self) -> None:
         """Wait for every reduce-scatter, set the shards' gradients, free what backward gathered."""
         for unit in self._units:
             unit.finish()
-        self._callback_queued = False
 
     # -- what the lab, the optimizer and the checkpoints read -------------------------------
     def unit_numels(self) -> list[int]:

@@ -1,0 +1,164 @@
+"""FlashAttention-2 in PyTorch tiles, to step through (Chapter 7; Dao 2023, Algorithms 1 and 2).
+
+Full tensors stand for HBM; a slice ``[..., i0:i1, :]`` is a tile loaded into SRAM. The forward
+keeps a running max ``m`` and sum ``l`` per row (the online softmax), never forms the (s_q, s_k)
+scores, and saves one statistic, the row log-sum-exp ``L``. The backward recomputes each tile of P
+from ``L`` with D = rowsum(dO * O). Tiles compute in fp32 (fp64 for fp64 inputs), as the kernels'
+accumulators do. An optional :class:`IOCounter` counts the elements each load and store moves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .reference import check_inputs
+
+__all__ = ["FlashAttention", "IOCounter", "flash_attention"]
+
+
+@dataclass
+class IOCounter:
+    """Elements read from and written to HBM (the full tensors) by the tiled algorithm."""
+
+    reads: int = 0
+    writes: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.reads + self.writes
+
+
+def _load(io, t):
+    if io is not None:
+        io.reads += t.numel()
+    return t
+
+
+def _store(io, dst, src):
+    if io is not None:
+        io.writes += src.numel()
+    dst.copy_(src)
+
+
+def _tile_mask(i0, i1, j0, j1, offset, device):
+    """(Br, Bc) bool, True above the bottom-right-aligned diagonal (key j > query i + offset)."""
+    rows = torch.arange(i0, i1, device=device)[:, None]
+    cols = torch.arange(j0, j1, device=device)[None, :]
+    return cols > rows + offset
+
+
+def _compute_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_blocks(block_q, block_k):
+    for name, value in (("block_q", block_q), ("block_k", block_k)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a positive int")
+
+
+class FlashAttention(torch.autograd.Function):
+    """``FlashAttention.apply(q, k, v, causal, block_q=64, block_k=64, io=None)``.
+
+    q (..., s_q, d), k and v (..., s_k, d) -> O (..., s_q, d). Saves q, k, v, O and L (..., s_q).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=64, block_k=64, io=None):
+        check_inputs(q, k, v, causal)
+        _check_blocks(block_q, block_k)
+        out, lse = _forward(q, k, v, causal, block_q, block_k, io)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.blocks, ctx.io = causal, (block_q, block_k), io
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, lse, d_out, ctx.causal, *ctx.blocks, ctx.io)
+        return dq, dk, dv, None, None, None, None
+
+
+def _forward(q, k, v, causal, Br, Bc, io):
+    """FlashAttention-2, Algorithm 1: rows of Q in blocks of Br, keys in blocks of Bc."""
+    s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale, offset, acc_t = 1.0 / math.sqrt(d), s_k - s_q, _compute_dtype(q.dtype)
+    out = torch.empty_like(q)  # O in HBM
+    lse = torch.empty(q.shape[:-1], dtype=acc_t, device=q.device)  # L in HBM, (..., s_q)
+    for i0 in range(0, s_q, Br):  # on a GPU each row block is its own thread block
+        i1 = min(i0 + Br, s_q)
+        Qi = _load(io, q[..., i0:i1, :]).to(acc_t)  # (..., Br, d)
+        m = torch.full(Qi.shape[:-1], float("-inf"), dtype=acc_t, device=q.device)  # (..., Br)
+        l = torch.zeros_like(m)  # (..., Br)
+        acc = torch.zeros_like(Qi)  # unnormalised O_i, (..., Br, d)
+        for j0 in range(0, s_k, Bc):
+            if causal and j0 > i1 - 1 + offset:
+                break  # this tile and the rest lie above the diagonal: skipped, never loaded
+            j1 = min(j0 + Bc, s_k)
+            Kj = _load(io, k[..., j0:j1, :]).to(acc_t)  # (..., Bc, d)
+            Vj = _load(io, v[..., j0:j1, :]).to(acc_t)  # (..., Bc, d)
+            S = (Qi @ Kj.transpose(-2, -1)) * scale  # (..., Br, Bc), on chip only
+            if causal and j1 - 1 > i0 + offset:  # the tile crosses the diagonal
+                S = S.masked_fill(_tile_mask(i0, i1, j0, j1, offset, q.device), float("-inf"))
+            m_new = torch.maximum(m, S.amax(dim=-1))  # running max
+            P = torch.exp(S - m_new[..., None])  # (..., Br, Bc), unnormalised
+            alpha = torch.exp(m - m_new)  # rescales what was summed under the old max
+            l = alpha * l + P.sum(dim=-1)  # running sum
+            acc = alpha[..., None] * acc + P @ Vj  # (..., Br, d)
+            m = m_new
+        _store(io, out[..., i0:i1, :], acc / l[..., None])  # O_i = diag(l)^-1 acc
+        _store(io, lse[..., i0:i1], m + torch.log(l))  # L_i = m + log(l)
+    return out, lse
+
+
+def _backward(q, k, v, out, lse, d_out, causal, Br, Bc, io):
+    """FlashAttention-2, Algorithm 2: key blocks outside, query blocks inside; P from L."""
+    s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale, offset, acc_t = 1.0 / math.sqrt(d), s_k - s_q, _compute_dtype(q.dtype)
+    D = torch.empty(q.shape[:-1], dtype=acc_t, device=q.device)  # (..., s_q) in HBM
+    _store(io, D, (_load(io, d_out).to(acc_t) * _load(io, out).to(acc_t)).sum(dim=-1))
+    dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)  # dQ = 0 in HBM, (..., s_q, d)
+    if io is not None:
+        io.writes += dq.numel()
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    for j0 in range(0, s_k, Bc):  # on a GPU each key block is its own thread block
+        j1 = min(j0 + Bc, s_k)
+        Kj = _load(io, k[..., j0:j1, :]).to(acc_t)  # (..., Bc, d)
+        Vj = _load(io, v[..., j0:j1, :]).to(acc_t)  # (..., Bc, d)
+        dKj, dVj = torch.zeros_like(Kj), torch.zeros_like(Vj)
+        for i0 in range(0, s_q, Br):
+            i1 = min(i0 + Br, s_q)
+            if causal and j0 > i1 - 1 + offset:
+                continue  # the whole tile is masked: P = 0 there
+            Qi = _load(io, q[..., i0:i1, :]).to(acc_t)  # (..., Br, d)
+            dOi = _load(io, d_out[..., i0:i1, :]).to(acc_t)  # (..., Br, d)
+            Li = _load(io, lse[..., i0:i1])  # (..., Br)
+            Di = _load(io, D[..., i0:i1])  # (..., Br)
+            S = (Qi @ Kj.transpose(-2, -1)) * scale  # (..., Br, Bc), recomputed
+            if causal and j1 - 1 > i0 + offset:
+                S = S.masked_fill(_tile_mask(i0, i1, j0, j1, offset, q.device), float("-inf"))
+            P = torch.exp(S - Li[..., None])  # softmax probabilities, exactly, from L
+            dVj += P.transpose(-2, -1) @ dOi  # (..., Bc, d)
+            dP = dOi @ Vj.transpose(-2, -1)  # (..., Br, Bc)
+            dS = P * (dP - Di[..., None])  # softmax backward with D_i = rowsum(dO_i * O_i)
+            dQi = _load(io, dq[..., i0:i1, :])  # read-modify-write (an atomic add on a GPU)
+            _store(io, dq[..., i0:i1, :], dQi + (dS @ Kj) * scale)
+            dKj += (dS.transpose(-2, -1) @ Qi) * scale  # (..., Bc, d)
+        _store(io, dk[..., j0:j1, :], dKj)
+        _store(io, dv[..., j0:j1, :], dVj)
+    return dq.to(q.dtype), dk, dv
+
+
+def flash_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k: int = 64,
+                    return_lse: bool = False, io: IOCounter | None = None):
+    """FlashAttention-2 on PyTorch tiles: q (..., s_q, d), k and v (..., s_k, d) -> (..., s_q, d).
+
+    ``block_q`` and ``block_k`` are the paper's Br and Bc; ``return_lse`` also returns L (..., s_q).
+    Causal masks are bottom-right aligned (see :mod:`labkit.flash_attention.reference`).
+    """
+    out, lse = FlashAttention.apply(q, k, v, causal, block_q, block_k, io)
+    return (out, lse) if return_lse else out

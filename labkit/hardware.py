@@ -1,0 +1,91 @@
+"""GPUs a reader meets: memory, bandwidth, interconnect and dense peak FLOP/s, each with its source.
+
+Memory is given twice: ``memory_gb`` as the vendor states it, and ``nvidia_smi_mib`` as
+``nvidia-smi`` reports the total (MiB = 2^20 bytes), which is what a program can see. The
+vendors' "GB" of GPU memory behave as GiB: an "80 GB" A100 shows 81,920 MiB, 85.9 x 10^9 bytes
+(the book's GB); compare only numbers in the same unit. Bandwidths in GB/s (10^9 bytes/s);
+``link_gbps`` is the GPU-to-GPU link's total (both directions) as the vendor quotes it. Peak FLOP/s are dense (the datasheets' "with
+sparsity" figures are twice these); fp16/bf16/tf32/fp8 on the tensor cores, fp32 without them.
+``smem_kib_per_sm``: the largest shared memory (on-chip SRAM) one SM can give a kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["GPU", "GPUS", "get_gpu", "peak_flops", "mfu"]
+
+_T = 1e12
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gb: float           # the vendor's figure, in its "GB" (in fact GiB, see above)
+    nvidia_smi_mib: int        # total memory as nvidia-smi reports it, MiB (2^20 bytes)
+    memory_bandwidth_gbps: float
+    interconnect: str
+    link_gbps: float           # GPU-to-GPU link, GB/s, both directions together
+    sm_count: int
+    smem_kib_per_sm: int       # largest shared memory per SM a kernel can use (KiB)
+    peak: dict = field(default_factory=dict)  # dtype -> dense FLOP/s
+    source: str = ""
+
+    @property
+    def memory_bytes(self) -> int:
+        """What a program can allocate at most: nvidia-smi's total, in bytes."""
+        return self.nvidia_smi_mib * 2**20
+
+
+GPUS: dict[str, GPU] = {g.name: g for g in [
+    GPU("t4", 16, 15_360, 320, "PCIe Gen3 x16", 32, 40, 64,
+        {"fp32": 8.1 * _T, "fp16": 65 * _T},
+        "NVIDIA T4 Tensor Core GPU datasheet; Turing architecture whitepaper (SMs, shared memory)"),
+    GPU("l4", 24, 23_034, 300, "PCIe Gen4 x16", 64, 58, 100,
+        {"fp32": 30.3 * _T, "tf32": 60 * _T, "fp16": 121 * _T, "bf16": 121 * _T, "fp8": 242.5 * _T},
+        "NVIDIA L4 Tensor Core GPU datasheet; Ada Lovelace architecture whitepaper"),
+    GPU("a10", 24, 23_028, 600, "PCIe Gen4 x16", 64, 72, 100,
+        {"fp32": 31.2 * _T, "tf32": 62.5 * _T, "fp16": 125 * _T, "bf16": 125 * _T},
+        "NVIDIA A10 Tensor Core GPU datasheet; Ampere GA102 whitepaper"),
+    GPU("a100-40gb", 40, 40_960, 1_555, "NVLink 3 (SXM4)", 600, 108, 164,
+        {"fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); A100 architecture whitepaper"),
+    GPU("a100-80gb", 80, 81_920, 2_039, "NVLink 3 (SXM4)", 600, 108, 164,
+        {"fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); A100 architecture whitepaper"),
+    GPU("h100-sxm", 80, 81_559, 3_350, "NVLink 4 (SXM5)", 900, 132, 228,
+        {"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T, "fp8": 1979 * _T},
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM); Hopper architecture whitepaper"),
+    GPU("h200", 141, 143_771, 4_800, "NVLink 4 (SXM)", 900, 132, 228,
+        {"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T, "fp8": 1979 * _T},
+        "NVIDIA H200 Tensor Core GPU datasheet (SXM); Hopper architecture whitepaper"),
+    GPU("rtx-4090", 24, 24_564, 1_008, "PCIe Gen4 x16 (no NVLink)", 64, 128, 100,
+        {"fp32": 82.6 * _T, "tf32": 82.6 * _T, "fp16": 165.2 * _T, "bf16": 165.2 * _T},
+        "Ada Lovelace architecture whitepaper, Appendix A (tensor FLOP/s with FP32 accumulate)"),
+]}
+_ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "4090": "rtx-4090"}
+
+
+def get_gpu(gpu: str | GPU) -> GPU:
+    """The table's entry for ``gpu`` (a name such as "a100", "h100-sxm", or a :class:`GPU`)."""
+    if isinstance(gpu, GPU):
+        return gpu
+    key = _ALIASES.get(str(gpu).lower(), str(gpu).lower())
+    if key not in GPUS:
+        raise ValueError(f"gpu={gpu!r} is not in the table; valid: {sorted(GPUS) + sorted(_ALIASES)}")
+    return GPUS[key]
+
+
+def peak_flops(gpu: str | GPU, dtype: str = "bf16") -> float:
+    """Dense peak FLOP/s of ``gpu`` in ``dtype`` ("fp32", "tf32", "fp16", "bf16", "fp8")."""
+    g = get_gpu(gpu)
+    if dtype not in g.peak:
+        raise ValueError(f"dtype={dtype!r} has no peak for {g.name}; valid: {sorted(g.peak)}")
+    return g.peak[dtype]
+
+
+def mfu(flops_per_step: float, step_time_s: float, n_gpus: int, gpu: str | GPU, dtype: str = "bf16") -> float:
+    """Model FLOPs utilisation: the step's model FLOPs / (time x GPUs x dense peak)."""
+    if step_time_s <= 0 or n_gpus < 1:
+        raise ValueError(f"step_time_s={step_time_s} must be > 0 and n_gpus={n_gpus} >= 1")
+    return flops_per_step / (step_time_s * n_gpus * peak_flops(gpu, dtype))

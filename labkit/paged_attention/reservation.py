@@ -1,0 +1,97 @@
+"""Contiguous reservation (the pre-vLLM systems) and the accounting of KV memory waste.
+
+Kwon et al. (2023), Sec. 3 and Fig. 3: a system that gives each request one contiguous slab
+wastes memory three ways. *Reservation*: slots held now for tokens the request will produce
+later. *Internal fragmentation*: slots beyond the request's final length, never used. *External
+fragmentation*: free memory cut into gaps too small for the request that waits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ContiguousAllocator", "Waste"]
+
+
+class ContiguousAllocator:
+    """First-fit allocation of contiguous ranges in one address space of ``capacity`` slots."""
+
+    def __init__(self, capacity: int):
+        if not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"capacity={capacity!r} must be a positive int")
+        self.capacity = capacity
+        self._gaps = [(0, capacity)]  # sorted (start, length) of the free ranges
+
+    @property
+    def num_free(self) -> int:
+        return sum(length for _, length in self._gaps)
+
+    @property
+    def largest_gap(self) -> int:
+        return max((length for _, length in self._gaps), default=0)
+
+    def allocate(self, size: int):
+        """Start of a free range of ``size`` slots (the first that fits), or None."""
+        if not isinstance(size, int) or size <= 0:
+            raise ValueError(f"size={size!r} must be a positive int")
+        for i, (start, length) in enumerate(self._gaps):
+            if length >= size:
+                if length == size:
+                    self._gaps.pop(i)
+                else:
+                    self._gaps[i] = (start + size, length - size)
+                return start
+        return None
+
+    def free(self, start: int, size: int) -> None:
+        """Return a range, merging it with free neighbours."""
+        if not (isinstance(start, int) and isinstance(size, int) and size > 0
+                and 0 <= start and start + size <= self.capacity):
+            raise ValueError(f"range (start={start!r}, size={size!r}) must lie in [0, {self.capacity})")
+        merged: list[tuple[int, int]] = []
+        for s, n in sorted(self._gaps + [(start, size)]):
+            end = merged[-1][0] + merged[-1][1] if merged else 0
+            if merged and s < end:
+                raise ValueError(f"range (start={start}, size={size}) overlaps free memory: double free")
+            if merged and s == end:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((s, n))
+        self._gaps = merged
+
+
+@dataclass
+class Waste:
+    """Slot-steps of KV memory by use, summed over the steps of a served trace.
+
+    ``tokens``: slots holding a token's keys and values; ``reserved``: held for tokens still to
+    come; ``internal``: held but beyond the final length; ``external``: free but unusable by the
+    request at the head of the queue.
+    """
+
+    tokens: int = 0
+    reserved: int = 0
+    internal: int = 0
+    external: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.tokens + self.reserved + self.internal + self.external
+
+    def fractions(self) -> dict[str, float]:
+        """Each kind as a share of the total: token states, reservation, internal, external."""
+        total = self.total or 1
+        return {"token states": self.tokens / total, "reservation": self.reserved / total,
+                "internal fragmentation": self.internal / total,
+                "external fragmentation": self.external / total}
+
+    @property
+    def utilisation(self) -> float:
+        """The share of the KV memory taken from the pool that holds token states."""
+        return self.tokens / (self.total or 1)
+
+    def add(self, tokens=0, reserved=0, internal=0, external=0) -> None:
+        self.tokens += tokens
+        self.reserved += reserved
+        self.internal += internal
+        self.external += external

@@ -1,0 +1,62 @@
+"""Synthetic request traces whose prompt and output lengths follow published dataset statistics.
+
+Kwon et al. (2023, Sec. 6.1 and Fig. 11) serve traces built from ShareGPT and Alpaca; their
+Fig. 11 gives the mean lengths used here: ShareGPT 161.31 input and 337.99 output tokens,
+Alpaca 19.31 and 58.45 (ShareGPT's are 8.4x and 5.8x longer, as their text says). Those
+datasets cannot be downloaded here, so lengths are drawn from a log-normal distribution with
+those means. The log-normal shape and its sigma are our assumption (the figure shows long
+right tails); arrivals are a Poisson process, as in the paper. Everything is seeded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampling import Request
+
+__all__ = ["LengthDistribution", "SHAREGPT", "ALPACA", "synthetic_trace"]
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Log-normal prompt and output lengths with the given means (tokens)."""
+    name: str
+    mean_prompt: float
+    mean_output: float
+    sigma: float = 1.0
+
+    def draw(self, rng, size, scale=1.0):
+        """(prompt lengths, output lengths), ints >= 1, means scaled by ``scale``."""
+        def lognormal(mean):
+            mu = math.log(mean * scale) - self.sigma ** 2 / 2  # E[exp(N(mu, s^2))] = exp(mu + s^2/2)
+            return np.maximum(1, np.rint(rng.lognormal(mu, self.sigma, size))).astype(int)
+        return lognormal(self.mean_prompt), lognormal(self.mean_output)
+
+
+SHAREGPT = LengthDistribution("ShareGPT", 161.31, 337.99)  # Kwon et al. 2023, Fig. 11a
+ALPACA = LengthDistribution("Alpaca", 19.31, 58.45)  # Kwon et al. 2023, Fig. 11b
+
+
+def synthetic_trace(num_requests, dist=SHAREGPT, *, max_len, rate=None, scale=1.0, vocab_size=256, seed=0):
+    """``num_requests`` requests with lengths from ``dist`` (means times ``scale``), clipped so that
+    prompt + output <= ``max_len``, arriving as a Poisson process of ``rate`` requests per engine
+    step (all at step 0 when ``rate`` is None). Prompt tokens are uniform in [0, vocab_size)."""
+    if not isinstance(num_requests, int) or num_requests < 1:
+        raise ValueError(f"num_requests={num_requests!r} must be a positive int")
+    if not isinstance(max_len, int) or max_len < 2:
+        raise ValueError(f"max_len={max_len!r} must be an int >= 2")
+    if rate is not None and not rate > 0:
+        raise ValueError(f"rate={rate!r} must be positive (requests per step) or None")
+    rng = np.random.default_rng(seed)
+    prompts, outputs = dist.draw(rng, num_requests, scale)
+    prompts = np.minimum(prompts, max_len - 1)
+    outputs = np.minimum(outputs, max_len - prompts)
+    if rate is None:
+        arrivals = np.zeros(num_requests, dtype=int)
+    else:
+        arrivals = np.floor(np.cumsum(rng.exponential(1.0 / rate, num_requests))).astype(int)
+    return [Request(prompt=rng.integers(0, vocab_size, int(p)).tolist(), max_new_tokens=int(o),
+                    arrival=int(a)) for p, o, a in zip(prompts, outputs, arrivals)]

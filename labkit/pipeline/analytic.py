@@ -1,0 +1,53 @@
+"""The pipeline's formulas (Huang et al. 2019; Narayanan et al. 2021b, Section 2.2).
+
+Bubble: the idle fraction of a step, (p - 1)/(m + p - 1) for GPipe and 1F1B and
+(p - 1)/(v m + p - 1) interleaved (the ideal step is m (t_f + t_b); the bubble adds
+(p - 1)(t_f + t_b), or 1/v of it with v chunks per rank). In flight: the most micro-batches whose
+activations a stage holds at once. Messages: each micro-batch crosses each stage boundary once
+forward (activations) and once backward (their gradients); interleaving makes v p - 1 boundaries.
+"""
+
+from __future__ import annotations
+
+from .schedules import SCHEDULES
+
+__all__ = ["bubble_fraction", "max_in_flight", "p2p_messages"]
+
+
+def _check(p, m, v):
+    for name, value in (("pp_size", p), ("num_microbatches", m), ("v", v)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+
+
+def bubble_fraction(p: int, m: int, schedule: str = "gpipe", v: int = 1) -> float:
+    """Idle fraction of the step: (p - 1)/(m + p - 1), or (p - 1)/(v m + p - 1) interleaved."""
+    _check(p, m, v)
+    if schedule in ("gpipe", "1f1b"):
+        if v != 1:
+            raise ValueError(f"v={v} applies to schedule='interleaved' only, not {schedule!r}")
+        return (p - 1) / (m + p - 1)
+    if schedule == "interleaved":
+        return (p - 1) / (v * m + p - 1)
+    raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES}")
+
+
+def max_in_flight(p: int, m: int, schedule: str = "gpipe", v: int = 1, rank: int = 0) -> int:
+    """Most forwards awaiting their backward on ``rank``: m for GPipe, min(p - rank, m) for 1F1B;
+    interleaved, counted in chunks (each 1/v of the stage): 2 (p - rank - 1) + (v - 1) p + 1."""
+    _check(p, m, v)
+    if not isinstance(rank, int) or not 0 <= rank < p:
+        raise ValueError(f"rank={rank!r} must be an int in [0, {p})")
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b" or (schedule == "interleaved" and v == 1):
+        return min(p - rank, m)
+    if schedule == "interleaved":
+        return min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m)
+    raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES}")
+
+
+def p2p_messages(p: int, m: int, v: int = 1) -> int:
+    """Point-to-point messages of one step over the whole pipeline: 2 m (v p - 1)."""
+    _check(p, m, v)
+    return 2 * m * (v * p - 1)

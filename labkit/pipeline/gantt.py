@@ -1,0 +1,32 @@
+"""A pipeline timeline drawn as a Gantt chart: one row per rank, forwards, backwards, idle."""
+
+from __future__ import annotations
+
+__all__ = ["plot_gantt"]
+
+COLORS = {"F": "#4c72b0", "B": "#dd8452"}
+
+
+def plot_gantt(timeline, ax=None, title: str | None = None, labels: bool = True):
+    """Draw ``timeline`` (a :class:`~labkit.pipeline.simulate.Timeline`) on ``ax``; return ax.
+
+    Forwards blue, backwards orange, idle blank; each box is labelled with its micro-batch
+    (and chunk, interleaved). Time in the timeline's unit, from its first action.
+    """
+    import matplotlib.pyplot as plt  # plotting only: not needed to import labkit
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * timeline.pp_size))
+    t0 = timeline.start
+    for r, events in enumerate(timeline.events):
+        for a, start, end in events:
+            ax.barh(r, end - start, left=start - t0, color=COLORS[a.kind], edgecolor="white",
+                    height=0.8, alpha=0.55 + 0.45 * (a.chunk % 2 == 0))
+            if labels:
+                ax.text((start + end) / 2 - t0, r, repr(a)[1:], ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(timeline.pp_size), [f"rank {r}" for r in range(timeline.pp_size)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, timeline.makespan)
+    ax.set_xlabel("time")
+    ax.set_title(title or f"bubble {timeline.bubble:.1%}")
+    return ax

@@ -1,0 +1,98 @@
+"""Cut the GPT into pipeline stages: contiguous layer ranges, balanced by parameters or a cost.
+
+The embedding goes with the first stage, the final LayerNorm and the (tied) output layer with
+the last. With v chunks per rank the model is cut into v p virtual stages of equal layer count
+(Narayanan et al. 2021b); chunk c of rank r is virtual stage c p + r.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+__all__ = ["split_stages", "StageChunk", "build_chunks"]
+
+
+def _partition(costs: list[float], first: float, last: float, n: int) -> list[tuple[int, int]]:
+    """Contiguous split of ``costs`` into n non-empty ranges minimising the largest range's cost
+    (``first`` added to range 0, ``last`` to range n - 1): dynamic programming over cut points."""
+    L, INF = len(costs), float("inf")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+
+    def cost(i, j, s):  # layers [i, j) as stage s
+        return prefix[j] - prefix[i] + (first if s == 0 else 0) + (last if s == n - 1 else 0)
+
+    best = [[INF] * (L + 1) for _ in range(n + 1)]  # best[s][j]: first j layers in s stages
+    cut = [[0] * (L + 1) for _ in range(n + 1)]
+    best[0][0] = 0.0
+    for s in range(1, n + 1):
+        for j in range(s, L - (n - s) + 1):
+            for i in range(s - 1, j):
+                value = max(best[s - 1][i], cost(i, j, s - 1))
+                if value < best[s][j]:
+                    best[s][j], cut[s][j] = value, i
+    bounds, j = [], L
+    for s in range(n, 0, -1):
+        bounds.append((cut[s][j], j))
+        j = cut[s][j]
+    return bounds[::-1]
+
+
+def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None = None) -> list[tuple[int, int]]:
+    """Layer ranges ``(start, stop)`` of the v p virtual stages, in pipeline order.
+
+    v = 1: balanced by parameter count (embedding on stage 0, final LayerNorm and output layer on
+    the last) or by ``costs``, one number per layer; v > 1: v p equal ranges (needs v p | L).
+    """
+    L = len(model.blocks)
+    for name, value in (("pp_size", pp_size), ("v", v)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    if pp_size * v > L:
+        raise ValueError(f"pp_size={pp_size} x v={v} stages exceed the model's n_layer={L}: "
+                         "each stage needs at least one layer")
+    if v > 1:
+        if L % (pp_size * v):
+            raise ValueError(f"v={v} chunks x pp_size={pp_size} must divide n_layer={L}")
+        size = L // (pp_size * v)
+        return [(k * size, (k + 1) * size) for k in range(pp_size * v)]
+    if costs is not None:
+        if len(costs) != L or any(c < 0 for c in costs):
+            raise ValueError(f"costs has {len(costs)} entries; it needs n_layer={L} non-negative numbers")
+        return _partition([float(c) for c in costs], 0.0, 0.0, pp_size)
+    per_layer = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+    first = model.wte.weight.numel() + model.wpe.weight.numel()
+    last = sum(p.numel() for p in model.ln_f.parameters()) + model.lm_head.weight.numel()
+    return _partition([float(c) for c in per_layer], float(first), float(last), pp_size)
+
+
+class StageChunk(nn.Module):
+    """Layers [start, stop) of a GPT, with its embedding if ``first`` and its head if ``last``.
+
+    forward: idx (B, T) int64 (first) or x (B, T, C) -> x (B, T, C), or logits (B, T, V) (last).
+    The modules are the model's own (no copies): the chunk's parameters are the model's.
+    """
+
+    def __init__(self, model, start: int, stop: int, first: bool, last: bool):
+        super().__init__()
+        self.start, self.stop, self.first, self.last = start, stop, first, last
+        self._gpt = [model]  # in a list: the parts below, not the whole model, are submodules
+        self.blocks = nn.ModuleList(model.blocks[start:stop])
+        if first:
+            self.wte, self.wpe = model.wte, model.wpe
+        if last:
+            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+
+    def forward(self, x):
+        if self.first:
+            x = self._gpt[0].embed(x)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)  # (B, T, C)
+        return self._gpt[0].head(x) if self.last else x  # (B, T, V) or (B, T, C)
+
+
+def build_chunks(model, ranges: list[tuple[int, int]], pp_size: int, rank: int) -> list[StageChunk]:
+    """The chunks rank ``rank`` holds: virtual stages rank, rank + p, ... of ``ranges``."""
+    n = len(ranges)
+    return [StageChunk(model, *ranges[k], first=k == 0, last=k == n - 1) for k in range(rank, n, pp_size)]

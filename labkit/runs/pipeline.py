@@ -1,0 +1,220 @@
+"""What Chapter 6's ranks run: the GPT through labkit's pipeline runtime or through
+``torch.distributed.pipelining``, and a synthetic workload of controlled stage costs.
+
+Every rank builds the same model from the seed and keeps its chunks; the global batch is cut
+into m micro-batches. ``pipeline_rank`` runs a list of cases and returns, per case, the losses,
+the gradients the rank holds, what it ran and when, and its peak of live activations.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..model import GPT, GPTConfig, build_model, get_preset
+from ..pipeline import build_chunks, exchange_tied_grad, make_schedule, run_schedule, split_stages
+
+__all__ = ["make_batch", "reference_grads", "reference_step", "train_pipeline", "torch_pipelining_losses",
+           "sleep_pipeline", "data_pipeline_rank", "pipeline_rank", "bench_rank", "SleepChunk"]
+
+
+def make_batch(cfg: GPTConfig, global_batch: int, seed: int = 0):
+    """A fixed random batch of token ids and targets: (global_batch, seq_len) each."""
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randint(0, cfg.vocab_size, (global_batch, cfg.seq_len), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (global_batch, cfg.seq_len), generator=g)
+    return x, y
+
+
+def reference_grads(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: int = 0):
+    """One process, whole batch: (loss, {name: grad})."""
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    loss = model(*make_batch(cfg, global_batch, seed))
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def reference_step(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: int = 0, lr: float = 0.1):
+    """One process, whole batch, one SGD step: (loss, {name: updated parameter})."""
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    loss = model(*make_batch(cfg, global_batch, seed))
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    return loss.item(), {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def train_pipeline(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, seed=0, *,
+                   group=None, ranks=None, model=None, batch=None):
+    """One pipeline step of the GPT on this rank (forward and backward, tied gradient summed).
+
+    Returns {"losses", "grads" (this rank's, by the model's parameter names), "events",
+    "peak_live", "peak_saved_bytes", "sent", "ranges"}.
+    """
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    if model is None:
+        torch.manual_seed(seed)
+        model = build_model(cfg)
+    x, y = make_batch(cfg, global_batch, seed) if batch is None else batch
+    if x.shape[0] % m:
+        raise ValueError(f"num_microbatches={m} must divide the batch of {x.shape[0]} sequences")
+    ranges = split_stages(model, pp_size, v=v)
+    chunks = build_chunks(model, ranges, pp_size, rank)
+    actions = make_schedule(schedule, pp_size, m, v)[rank]
+    kw = dict(rank=rank, pp_size=pp_size, inputs=x.chunk(m), targets=y.chunk(m), loss_fn=GPT.loss,
+              act_shape=(x.shape[0] // m, x.shape[1], cfg.d_model), group=group, ranks=ranks,
+              device=x.device)
+    out = {"ranges": ranges}
+    res = run_schedule(chunks, actions, **kw)
+    if pp_size > 1 and rank in (0, pp_size - 1):  # the tied embedding lives on both ends
+        ranks = list(range(pp_size)) if ranks is None else ranks
+        exchange_tied_grad(model.wte.weight, ranks[pp_size - 1 - rank], rank == 0, group)
+    out.update(losses=res.losses, events=res.events, peak_live=res.peak_live, sent=res.sent,
+               peak_saved_bytes=res.peak_saved_bytes,
+               grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    return out
+
+
+def torch_pipelining_losses(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, seed=0):
+    """The same split and batch through ``torch.distributed.pipelining``: the last stage's losses."""
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
+
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    x, y = make_batch(cfg, global_batch, seed)
+    ranges = split_stages(model, pp_size, v=v)
+    chunks = build_chunks(model, ranges, pp_size, rank)
+    stages = [PipelineStage(c, stage_index=k, num_stages=len(ranges), device=x.device)
+              for k, c in zip(range(rank, len(ranges), pp_size), chunks)]
+    if schedule == "interleaved":
+        sched = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=GPT.loss)
+    else:
+        cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+        sched = cls(stages[0], n_microbatches=m, loss_fn=GPT.loss)
+    losses = []
+    args = (x,) if rank == 0 else ()
+    kwargs = dict(target=y, losses=losses) if rank == pp_size - 1 else {}
+    start = time.perf_counter()
+    sched.step(*args, **kwargs)
+    return {"losses": [t.item() for t in losses], "seconds": time.perf_counter() - start}
+
+
+class _Sleep(torch.autograd.Function):
+    """Identity whose forward and backward each sleep a set time: a stage of known cost."""
+
+    @staticmethod
+    def forward(ctx, x, fwd_s, bwd_s):
+        ctx.bwd_s = bwd_s
+        time.sleep(fwd_s)
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(ctx.bwd_s)
+        return g * 1.0, None, None
+
+
+class SleepChunk(torch.nn.Module):
+    """A chunk whose forward takes ``fwd_s`` seconds and backward ``bwd_s``, whatever the load."""
+
+    def __init__(self, fwd_s: float, bwd_s: float):
+        super().__init__()
+        self.fwd_s, self.bwd_s = fwd_s, bwd_s
+
+    def forward(self, x):
+        return _Sleep.apply(x, self.fwd_s, self.bwd_s)
+
+
+def _sum_loss(y, target):
+    return y.sum()
+
+
+def sleep_pipeline(rank, pp_size, schedule, m, v=1, fwd_s=0.02, bwd_s=0.04):
+    """Run a schedule on chunks of controlled cost (split evenly over v chunks); return events."""
+    import torch.distributed as dist
+
+    chunks = [SleepChunk(fwd_s / v, bwd_s / v) for _ in range(v)]
+    inputs = [torch.ones(1, 4, requires_grad=True) for _ in range(m)]
+    actions = make_schedule(schedule, pp_size, m, v)[rank]
+    dist.barrier()  # start together: the step's clock starts here on every rank
+    res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=inputs, targets=[None] * m,
+                       loss_fn=_sum_loss, act_shape=(1, 4))
+    return {"events": res.events, "peak_live": res.peak_live}
+
+
+def data_pipeline_rank(rank, world_size, pp_size, schedule, m, cfg="tiny", global_batch=8, seed=0, lr=0.1):
+    """Data x pipeline parallelism: N_d = world_size / pp_size replicas of a pp_size-stage pipeline
+    (a pipeline's stages on consecutive ranks), gradients averaged over the replicas, one SGD
+    step. Returns {"losses" (last stages; one per micro-batch), "params" (this rank's, updated)}."""
+    import torch.distributed as dist
+
+    from ..collectives import all_reduce_mean_
+
+    dp_size = world_size // pp_size
+    pipes = [list(range(d * pp_size, (d + 1) * pp_size)) for d in range(dp_size)]
+    replicas = [list(range(s, world_size, pp_size)) for s in range(pp_size)]
+    pp_groups = [dist.new_group(r) for r in pipes]  # every rank creates every group, in one order
+    dp_groups = [dist.new_group(r) for r in replicas]
+    d, stage = divmod(rank, pp_size)
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    x, y = make_batch(cfg, global_batch, seed)
+    rows = slice(d * global_batch // dp_size, (d + 1) * global_batch // dp_size)  # this replica's
+    res = train_pipeline(stage, pp_size, schedule, m, cfg=cfg, group=pp_groups[d], ranks=pipes[d],
+                         model=model, batch=(x[rows], y[rows]))
+    params = [p for p in model.parameters() if p.grad is not None]
+    for p in params:
+        all_reduce_mean_(p.grad, dp_size, group=dp_groups[stage])
+    opt = torch.optim.SGD(params, lr=lr)
+    opt.step()
+    return {"losses": res["losses"],
+            "params": {n: p.detach().clone() for n, p in model.named_parameters() if p.grad is not None}}
+
+
+def pipeline_rank(rank, world_size, cases=(), torch_cases=(), sleep_cases=(),
+                  cfg="tiny", global_batch=8, seed=0, sleep_costs=(0.03, 0.06), sleep_repeats=1,
+                  dp_cases=()):
+    """Run every case on this rank; cases are (schedule, m, v). Returns {kind: {case: result}};
+    a sleep case's result is a list of ``sleep_repeats`` runs."""
+    torch.set_num_threads(1)  # tensors this small gain nothing from threads on a shared CPU
+    out = {"labkit": {}, "torch": {}, "sleep": {}, "data_pipeline": {}}
+    for case in dp_cases:  # (pp_size, schedule, m)
+        out["data_pipeline"][case] = data_pipeline_rank(rank, world_size, *case, cfg=cfg,
+                                                        global_batch=global_batch, seed=seed)
+    for case in cases:
+        out["labkit"][case] = train_pipeline(rank, world_size, *case, cfg=cfg, global_batch=global_batch,
+                                             seed=seed)
+    for case in torch_cases:
+        out["torch"][case] = torch_pipelining_losses(rank, world_size, *case, cfg=cfg,
+                                                     global_batch=global_batch, seed=seed)
+    for case in sleep_cases:
+        out["sleep"][case] = [sleep_pipeline(rank, world_size, *case, *sleep_costs)
+                              for _ in range(sleep_repeats)]
+    return out
+
+
+def bench_rank(rank, world_size, cases, steps=3, cfg="tiny", global_batch=8):
+    """Per case (schedule, m, v): the fastest of ``steps`` step times on this rank, labkit's
+    runtime and ``torch.distributed.pipelining``'s (the schedules' own ``step`` only)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    out = {}
+    for case in cases:
+        ours, theirs = [], []
+        for _ in range(steps):  # alternate, so that a busy moment slows both
+            dist.barrier()
+            res = train_pipeline(rank, world_size, *case, cfg=cfg, global_batch=global_batch)
+            ours.append(res["events"][-1][2])
+            dist.barrier()
+            theirs.append(torch_pipelining_losses(rank, world_size, *case, cfg=cfg,
+                                                  global_batch=global_batch)["seconds"])
+        out[case] = (min(ours), min(theirs))
+    return out

@@ -1,0 +1,141 @@
+"""Choose t, p, N_d, micro-batch, ZeRO stage and recomputation for a model on a cluster (Chapter 6).
+
+Memory per GPU (bf16 mixed-precision Adam): model states of the largest stage, 16 bytes a
+parameter, or 4 + 12/N_d with ZeRO-1 and 2 + 14/N_d with ZeRO-2 (Rajbhandari et al. 2020); the
+activations of the micro-batches stage 0 holds under 1F1B, min(p, m) of them, per layer
+(Korthikanti et al. 2022, 2-byte activations): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism,
+sbh/t (34 + 5as/h) with sequence parallelism, without the 5as/h term under selective
+recomputation, 2sbh (or 2sbh/t) under full recomputation plus one layer being recomputed.
+The embedding's and logits' activations are left out. Step time, a stated model: compute =
+the step's matmul FLOPs / (GPUs x peak x ``efficiency``), stretched by the bubble; plus tensor
+all-reduces (4 a layer per micro-batch, 6 with full recomputation, ring 2(t-1)/t of b s h
+2-byte elements) on NVLink when t fits in a node, pipeline sends b s h (/t with SP) on the
+network when the pipeline spans nodes, and the gradient all-reduce over N_d on the network;
+none of it overlapped with compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import get_gpu, peak_flops
+from ..model import GPTConfig, training_flops
+from ..pipeline.analytic import bubble_fraction
+
+__all__ = ["Plan", "plan_parallelism", "plan_memory", "RECOMPUTE"]
+
+RECOMPUTE = ("none", "selective", "full")
+_STATE_BYTES = {0: lambda n: 16.0, 1: lambda n: 4 + 12 / n, 2: lambda n: 2 + 14 / n}
+
+
+@dataclass(frozen=True)
+class Plan:
+    t: int
+    p: int
+    dp: int                  # N_d
+    micro_batch: int         # b
+    num_microbatches: int    # m, per pipeline per step
+    zero: int
+    recompute: str
+    sequence_parallel: bool
+    states_bytes: float      # per GPU, largest stage
+    activation_bytes: float  # per GPU, stage 0's micro-batches in flight
+    bubble: float
+    comm_bytes: dict         # per GPU per step: {"tensor", "pipeline", "data"}
+    step_time_s: float
+    mfu: float
+    fits: bool
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.states_bytes + self.activation_bytes
+
+
+def _layer_bytes(cfg: GPTConfig, b: int, t: int, recompute: str, sp: bool) -> tuple[float, float]:
+    """(bytes kept per layer per micro-batch, bytes of one layer recomputed in full)."""
+    s, h, a = cfg.seq_len, cfg.d_model, cfg.n_head
+    sbh, attn = s * b * h, 5 * a * s / h
+    full_layer = sbh / t * (34 + attn) if sp else sbh * (10 + 24 / t + attn / t)
+    if recompute == "none":
+        return full_layer, 0.0
+    if recompute == "selective":
+        return (34 * sbh / t if sp else sbh * (10 + 24 / t)), 0.0
+    return (2 * sbh / t if sp else 2 * sbh), full_layer
+
+
+def plan_memory(cfg: GPTConfig, t: int, p: int, dp: int, micro_batch: int, num_microbatches: int,
+                zero: int = 0, recompute: str = "full", sequence_parallel: bool = False) -> tuple[float, float]:
+    """(model-state bytes, activation bytes) per GPU of the largest pipeline stage."""
+    h, L = cfg.d_model, cfg.n_layer
+    stage_params = (L // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + cfg.seq_len) * h / t
+    states = stage_params * _STATE_BYTES[zero](dp)
+    kept, extra = _layer_bytes(cfg, micro_batch, t, recompute, sequence_parallel)
+    return states, min(p, num_microbatches) * (L // p) * kept + extra
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_parallelism(cfg: GPTConfig, gpu, n_gpus: int, gpus_per_node: int, global_batch: int, *,
+                     dtype: str = "bf16", efficiency: float = 0.5, network_gbps: float = 25.0,
+                     nvlink_gbps: float | None = None, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1),
+                     recompute=RECOMPUTE, sequence_parallel=(False, True), memory_fraction: float = 0.9,
+                     include_infeasible: bool = False) -> list[Plan]:
+    """Every (t, p, N_d, b, ZeRO, recomputation) that fits, fastest estimated step first.
+
+    t divides n_head and stays within a node; p divides n_layer; t p N_d = n_gpus; N_d b divides
+    the global batch. ``network_gbps``: GB/s per GPU across nodes, one direction (25: a 200 Gb/s
+    InfiniBand port per GPU); ``nvlink_gbps``: inside a node, one direction (default: half the
+    table's total). A plan fits when its memory is at most ``memory_fraction`` of nvidia-smi's total.
+    """
+    g = get_gpu(gpu)
+    for name, value in (("n_gpus", n_gpus), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    bad = set(recompute) - set(RECOMPUTE)
+    if bad:
+        raise ValueError(f"recompute={tuple(recompute)!r} may only hold {RECOMPUTE}")
+    nvlink = g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps
+    peak = peak_flops(g, dtype) * efficiency
+    s, h, L = cfg.seq_len, cfg.d_model, cfg.n_layer
+    plans = []
+    for t in (d for d in _divisors(cfg.n_head) if d <= gpus_per_node and n_gpus % d == 0):
+        for p in (d for d in _divisors(L) if (n_gpus // t) % d == 0):
+            dp = n_gpus // (t * p)
+            for b in micro_batches:
+                if global_batch % (dp * b):
+                    continue
+                m = global_batch // (dp * b)
+                bubble = bubble_fraction(p, m, "1f1b") if m >= p else bubble_fraction(p, m, "gpipe")
+                for rc in recompute:
+                    flops = training_flops(cfg, global_batch, recompute=rc == "full")
+                    if rc == "selective":  # the attention core's two matmuls, once more
+                        flops += L * 4 * global_batch * s * s * h
+                    compute = flops / (n_gpus * peak) / (1 - bubble)
+                    for sp in sequence_parallel:
+                        if sp and t == 1:
+                            continue
+                        msg = b * s * h * 2  # one (b, s, h) bf16 activation
+                        n_ar = (6 if rc == "full" else 4) * (L // p) * m
+                        tp_bytes = n_ar * 2 * (t - 1) / t * msg
+                        pp_bytes = 2 * m * msg / (t if sp else 1) if p > 1 else 0.0
+                        states_params = (L // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + s) * h / t
+                        dp_bytes = 2 * (dp - 1) / dp * states_params * 2
+                        comm = (tp_bytes / nvlink / 1e9
+                                + pp_bytes / (network_gbps if t * p > gpus_per_node else nvlink) / 1e9
+                                + dp_bytes / (network_gbps if n_gpus > gpus_per_node else nvlink) / 1e9)
+                        for z in zero_stages:
+                            if z and dp == 1:
+                                continue
+                            st, act = plan_memory(cfg, t, p, dp, b, m, z, rc, sp)
+                            fits = st + act <= memory_fraction * g.memory_bytes
+                            if not (fits or include_infeasible):
+                                continue
+                            time_s = compute + comm
+                            plans.append(Plan(t, p, dp, b, m, z, rc, sp, st, act, bubble,
+                                              {"tensor": tp_bytes, "pipeline": pp_bytes, "data": dp_bytes},
+                                              time_s, training_flops(cfg, global_batch) / (time_s * n_gpus
+                                                                                         * peak_flops(g, dtype)),
+                                              fits))
+    return sorted(plans, key=lambda pl: (pl.step_time_s, pl.memory_bytes))

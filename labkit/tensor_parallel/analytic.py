@@ -1,0 +1,147 @@
+"""What tensor and sequence parallelism should cost: activation bytes, parameters, collectives.
+
+``activation_bytes`` is Korthikanti et al. (2022), Table 2: bytes per layer per rank, 16-bit
+activations, 1-byte dropout masks. ``model_activation_bytes`` is the same for labkit's GPT
+(dropout 0, as :func:`labkit.tensor_parallel.apply_tensor_parallel` needs), derived from its code
+in the terms of Chapter 1's :func:`labkit.memory.activation_bytes`; exact on the CPU.
+"""
+
+from __future__ import annotations
+
+from ..memory.analytic import ActivationBytes
+from ..memory.analytic import activation_bytes as chapter1_activation_bytes
+from .apply import check_tp_size
+
+__all__ = ["RECOMPUTE", "activation_bytes", "model_activation_bytes", "params_per_rank",
+           "collectives_per_layer", "collectives_per_step", "layer_flops", "layer_comm_bytes"]
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _check(tp, sp, recompute):
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"tp={tp!r} must be an int >= 1")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r} must be one of {list(RECOMPUTE)}")
+    return tp if sp else 1  # what the LayerNorm / dropout regions are divided by
+
+
+def activation_bytes(s: int, b: int, h: int, a: int, tp: int = 1, sp: bool = False,
+                     recompute: str = "none") -> float:
+    """Activation bytes per transformer layer per rank, Korthikanti et al. (2022), Table 2.
+
+    none: sbh(10 + 24/t + 5as/(ht)), or sbh/t (34 + 5as/h) with ``sp``; selective drops the
+    5as/h attention-core term; full keeps the layer input only: 2sbh (2sbh/t with ``sp``).
+    """
+    r = _check(tp, sp, recompute)
+    t = tp
+    if recompute == "full":
+        return 2 * s * b * h / r
+    core = 0 if recompute == "selective" else 5 * a * s / h
+    return s * b * h * (10 / r + (24 + core) / t)
+
+
+def params_per_rank(cfg, tp_size: int) -> int:
+    """Parameters one rank holds: V h/t + s h + L(12 h²/t + 7 h/t + 6 h) + 2 h.
+
+    Split: the tied embedding, qkv, the projections' and MLP's weights, qkv's and c_fc's biases;
+    replicated: positions, LayerNorms and the two row-parallel biases (added after the sum).
+    """
+    check_tp_size(tp_size, cfg.n_head, cfg.d_model, cfg.vocab_size)
+    V, s, h, L, t = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layer, tp_size
+    return V * h // t + s * h + L * (12 * h * h // t + 7 * h // t + 6 * h) + 2 * h
+
+
+def model_activation_bytes(cfg, batch_size: int, tp_size: int = 1, sequence_parallel: bool = False,
+                           recompute: str = "none", *, seq_len: int | None = None, dtype_bytes: int = 4,
+                           device_type: str = "cpu") -> ActivationBytes:
+    """Bytes labkit's tensor-parallel GPT keeps for backward, per rank, after one forward.
+
+    Per layer, u = sbh e, r = t with sequence parallelism (else 1), ν the LayerNorm statistic
+    element: (4u + 4bsν)/r + 12u/t + a s² b e/t (recompute "none"); "selective" (labkit's
+    checkpoint policy) drops a s² b e/t; "full" keeps u/r. tp_size=1 is the unsharded model.
+    """
+    r = _check(tp_size, sequence_parallel, recompute)
+    if cfg.dropout > 0:
+        raise ValueError(f"cfg.dropout={cfg.dropout} must be 0: the tensor-parallel model refuses dropout")
+    check_tp_size(tp_size, cfg.n_head, cfg.d_model, cfg.vocab_size)
+    one = chapter1_activation_bytes(cfg, batch_size, seq_len, dtype_bytes=dtype_bytes, device_type=device_type)
+    b, s = batch_size, cfg.seq_len if seq_len is None else seq_len
+    h, a, V, e, t = cfg.d_model, cfg.n_head, cfg.vocab_size, dtype_bytes, tp_size
+    nu = 4 if device_type == "cuda" else e
+    u = s * b * h * e
+    terms = {
+        "layernorm inputs and outputs (4 sbh / r)": 4 * u // r,
+        "layernorm mean and rstd (4 bs / r)": 4 * b * s * nu // r,
+        "qkv, attention output, fc output, GELU output (12 sbh / t)": 12 * u // t,
+        "softmax output (a s^2 b / t)": a * s * s * b * e // t,
+    }
+    if recompute == "selective":
+        terms.pop("softmax output (a s^2 b / t)")
+    elif recompute == "full":
+        terms = {"block input (sbh / r)": u // r}
+    if t == 1:
+        head = one.head  # Chapter 1's: the unsharded model's embedding, final LayerNorm and loss
+    else:
+        head = (8 * b * s + b * s + 8 * s  # local token ids, their out-of-range mask, positions
+                + (2 * u + 2 * b * s * nu) // r  # final LayerNorm: input, output, mean and rstd
+                + b * s * V * e // t  # the softmax of this rank's logits, kept by the loss
+                + 8 * b * s + 2 * b * s + 8 + e)  # target ids, two row masks, the count, the loss
+    return ActivationBytes(per_layer=sum(terms.values()), head=head, n_layer=cfg.n_layer, terms=terms)
+
+
+def collectives_per_layer(sequence_parallel: bool = False) -> dict:
+    """The collectives one transformer layer issues per step, by pass.
+
+    Plain: g after attention and after the MLP forward, f before them backward. Sequence
+    parallel: an all-gather in and a reduce-scatter out of each region forward, their
+    transposes backward, plus an all-gather of each saved input shard for the weight gradient.
+    """
+    if sequence_parallel:
+        return {"forward": {"all_gather": 2, "reduce_scatter": 2},
+                "backward": {"all_gather": 4, "reduce_scatter": 2}}
+    return {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
+
+
+def collectives_per_step(n_layer: int, sequence_parallel: bool = False, embedding: bool = True,
+                         head: bool = True) -> dict:
+    """Calls per step of each collective: ``collectives_per_layer`` x n_layer, plus the embedding
+    (one g forward), the head (lm_head's f or gather), the loss (three all-reduces) and, with
+    sequence parallelism, one all-reduce of the replicated parameters' gradients."""
+    total: dict = {}
+
+    def add(kind, n):
+        total[kind] = total.get(kind, 0) + n
+
+    for counts in collectives_per_layer(sequence_parallel).values():
+        for kind, n in counts.items():
+            add(kind, n * n_layer)
+    if embedding:
+        add(*(("reduce_scatter", 1) if sequence_parallel else ("all_reduce", 1)))  # forward
+        if sequence_parallel:
+            add("all_gather", 1)  # its backward
+    if head:
+        if sequence_parallel:
+            add("all_gather", 2)  # lm_head's input, forward and again backward
+            add("reduce_scatter", 1)  # its input gradient
+        else:
+            add("all_reduce", 1)  # f before lm_head, backward
+        add("all_reduce", 3)  # the loss: max, target logit, sum of exps
+    if sequence_parallel:
+        add("all_reduce", 1)  # sync_sequence_parallel_grads
+    return total
+
+
+def layer_flops(s: int, b: int, h: int, tp: int = 1) -> float:
+    """Training FLOPs of one layer per rank: 3 (24 b s h² + 4 b s² h) / t (forward, and backward
+    twice the forward; Narayanan et al. 2021, Section 5.1)."""
+    _check(tp, False, "none")
+    return 3 * (24 * b * s * h * h + 4 * b * s * s * h) / tp
+
+
+def layer_comm_bytes(s: int, b: int, h: int, tp: int, dtype_bytes: int = 2) -> float:
+    """Bytes one rank sends per layer per step: four all-reduces of (s, b, h), each 2(t-1)/t of
+    the tensor in a ring (with sequence parallelism the same bytes as reduce-scatters and
+    all-gathers, plus the two re-gathers of the backward)."""
+    _check(tp, False, "none")
+    return 4 * 2 * (tp - 1) / tp * s * b * h * dtype_bytes

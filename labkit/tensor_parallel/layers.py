@@ -1,0 +1,197 @@
+"""Tensor-parallel layers, each cut from a full layer: this rank keeps its shard of the weight.
+
+``ColumnParallelLinear`` (Y_i = X A_i, output columns split), ``RowParallelLinear``
+(Y = sum_i X_i B_i, input rows split), ``VocabParallelEmbedding`` (vocabulary rows split) and
+``vocab_parallel_cross_entropy`` (the loss over vocabulary-split logits, never gathered whole):
+Shoeybi et al. (2019), Section 3. ``sequence_parallel=True`` swaps f and g for the all-gather /
+reduce-scatter pair of Korthikanti et al. (2022); replicated parameters used on a sequence shard
+are marked ``p.sequence_parallel = True``: their gradients must be summed over the group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .comm import (GroupRef, all_gather_seq, copy_to_tp, reduce_from_tp, reduce_scatter_seq,
+                   reduce_scatter_to_sp)
+
+__all__ = ["shard_indices", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
+           "vocab_parallel_cross_entropy", "VocabParallelLoss"]
+
+
+def shard_indices(n: int, rank: int, tp_size: int, chunks: int = 1, name: str = "n") -> torch.Tensor:
+    """Indices of rank's part of ``n`` rows laid out as ``chunks`` equal blocks (qkv: chunks=3).
+
+    Rank r takes the r-th 1/t of every block: for c_attn, its heads' rows of q, of k and of v.
+    """
+    if n % (chunks * tp_size):
+        raise ValueError(f"tp_size={tp_size} must divide {name}={n // chunks}")
+    return torch.arange(n).view(chunks, tp_size, n // (chunks * tp_size))[:, rank].reshape(-1)
+
+
+def _group_info(group):
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+class _GroupHolder(nn.Module):
+    """A module that communicates over ``self.group`` (kept in a :class:`GroupRef`)."""
+
+    def _hold(self, group, sequence_parallel):
+        self._group, self.sequence_parallel = GroupRef(group), bool(sequence_parallel)
+        return _group_info(group)
+
+    @property
+    def group(self):
+        return self._group.group
+
+
+class _GatherLinear(torch.autograd.Function):
+    """Y = all_gather(X_shard) A_i + b_i, keeping only X_shard (B, T/t, C) for backward.
+
+    Backward gathers X again for the weight gradient and reduce-scatters the input gradient
+    (Korthikanti et al. 2022, Section 4.2.2): the saved input shrinks by t for one more all-gather.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.group, ctx.has_bias = group, bias is not None
+        ctx.save_for_backward(x, weight)
+        return F.linear(all_gather_seq(x, group), weight, bias)  # (B, T, out/t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        x_full = all_gather_seq(x, ctx.group)  # (B, T, C) again
+        grad_x = reduce_scatter_seq(grad @ weight, ctx.group)  # (B, T/t, C)
+        g2 = grad.reshape(-1, grad.size(-1))  # (B T, out/t)
+        grad_w = g2.t() @ x_full.reshape(-1, x_full.size(-1))  # (out/t, C)
+        grad_b = g2.sum(0) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None
+
+
+class ColumnParallelLinear(_GroupHolder):
+    """This rank's ``out_features / t`` outputs of ``linear``: (B, T, C) -> (B, T, out/t).
+
+    ``chunks``: the output is that many equal blocks, each split on its own (qkv: 3). Forward
+    runs f first (or, with ``sequence_parallel``, gathers a (B, T/t, C) input).
+    """
+
+    def __init__(self, linear: nn.Linear, group, *, chunks: int = 1, sequence_parallel: bool = False,
+                 name: str = "out_features"):
+        super().__init__()
+        rank, self.tp_size = self._hold(group, sequence_parallel)
+        rows = shard_indices(linear.out_features, rank, self.tp_size, chunks, name)
+        self.in_features, self.out_features = linear.in_features, rows.numel()
+        self.weight = nn.Parameter(linear.weight.detach()[rows].clone())  # (out/t, in)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach()[rows].clone())
+
+    def forward(self, x):
+        if self.sequence_parallel:
+            return _GatherLinear.apply(x, self.weight, self.bias, self.group)
+        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(_GroupHolder):
+    """This rank's ``in_features / t`` inputs of ``linear``: (B, T, in/t) -> (B, T, C).
+
+    The ranks' partial products are summed by g (or reduce-scattered to (B, T/t, C) with
+    ``sequence_parallel``); the bias, replicated, is added once, after the sum.
+    """
+
+    def __init__(self, linear: nn.Linear, group, *, sequence_parallel: bool = False, name: str = "in_features"):
+        super().__init__()
+        rank, self.tp_size = self._hold(group, sequence_parallel)
+        cols = shard_indices(linear.in_features, rank, self.tp_size, 1, name)
+        self.in_features, self.out_features = cols.numel(), linear.out_features
+        self.weight = nn.Parameter(linear.weight.detach()[:, cols].clone())  # (out, in/t)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+        if self.bias is not None and self.sequence_parallel:
+            self.bias.sequence_parallel = True  # added on a sequence shard: partial gradients
+
+    def forward(self, x):
+        y = F.linear(x, self.weight)  # (B, T, C), this rank's partial sum
+        y = reduce_scatter_to_sp(y, self.group) if self.sequence_parallel else reduce_from_tp(y, self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(_GroupHolder):
+    """Rows [r V/t, (r+1) V/t) of ``embedding``: ids (B, T) -> (B, T, C) (or (B, T/t, C) with SP).
+
+    A rank looks up the ids in its range, zeroes the rest, and the ranks' outputs are summed.
+    """
+
+    def __init__(self, embedding: nn.Embedding, group, *, sequence_parallel: bool = False):
+        super().__init__()
+        rank, self.tp_size = self._hold(group, sequence_parallel)
+        V = embedding.num_embeddings
+        rows = shard_indices(V, rank, self.tp_size, 1, "vocab_size")
+        self.num_embeddings, self.vocab_start = rows.numel(), rank * rows.numel()
+        self.weight = nn.Parameter(embedding.weight.detach()[rows].clone())  # (V/t, C)
+
+    def forward(self, idx):
+        local = idx - self.vocab_start  # (B, T)
+        outside = (local < 0) | (local >= self.num_embeddings)  # (B, T) bool
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)  # (B, T, C)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)  # ids of other ranks contribute 0
+        return reduce_scatter_to_sp(out, self.group) if self.sequence_parallel else reduce_from_tp(out, self.group)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Mean of log(sum_v exp z_v) - z_target over rows, with the vocabulary split over ranks.
+
+    Three all-reduces of (N,) vectors: the max (for stability), the target logit, the sum of exps.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, group, vocab_start, ignore_index):
+        Vt = logits.size(-1)
+        m = logits.max(dim=-1).values  # (N,)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        z = logits - m.unsqueeze(-1)  # (N, V/t)
+        local = targets - vocab_start  # (N,)
+        hit = (local >= 0) & (local < Vt) & (targets != ignore_index)  # (N,) this rank holds the target
+        local = local.masked_fill(~hit, 0)
+        z_target = z.gather(1, local.unsqueeze(1)).squeeze(1) * hit  # (N,)
+        dist.all_reduce(z_target, group=group)
+        exp = z.exp_()  # (N, V/t), in place of z
+        sum_exp = exp.sum(-1)  # (N,)
+        dist.all_reduce(sum_exp, group=group)
+        valid = targets != ignore_index  # (N,)
+        count = valid.sum()
+        loss = ((sum_exp.log() - z_target) * valid).sum() / count
+        softmax = exp.div_(sum_exp.unsqueeze(-1))  # (N, V/t)
+        ctx.save_for_backward(softmax, local, hit, valid, count)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local, hit, valid, count = ctx.saved_tensors
+        scale = (valid.to(softmax.dtype) * grad / count).unsqueeze(-1)  # (N, 1)
+        g = softmax * scale  # (N, V/t): softmax - onehot(target), scaled
+        rows = torch.arange(g.size(0), device=g.device)
+        g[rows, local] -= hit.to(g.dtype) * scale.squeeze(-1)
+        return g, None, None, None, None
+
+
+class VocabParallelLoss:
+    """``loss(logits, targets)`` of a vocabulary-parallel model: what ``model.loss`` becomes."""
+
+    def __init__(self, group, vocab_start: int):
+        self._group, self.vocab_start = GroupRef(group), vocab_start
+
+    def __call__(self, logits, targets):
+        return vocab_parallel_cross_entropy(logits, targets, self._group.group, self.vocab_start)
+
+
+def vocab_parallel_cross_entropy(logits, targets, group, vocab_start: int, ignore_index: int = -100):
+    """Mean cross-entropy of (B, T, V/t) vocabulary-split logits against (B, T) targets.
+
+    ``vocab_start``: the first vocabulary id of this rank's columns. The full (B, T, V)
+    logits never exist on any rank (Shoeybi et al. 2019, Section 3).
+    """
+    B, T = targets.shape
+    return _VocabParallelCrossEntropy.apply(logits.reshape(B * T, -1), targets.reshape(B * T), group,
+                                            vocab_start, ignore_index)

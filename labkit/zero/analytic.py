@@ -1,0 +1,98 @@
+"""ZeRO's formulas: model-state bytes per rank, communication per step, what offloading saves.
+
+Rajbhandari et al. (2020): stage 1 shards the optimizer states, stage 2 also the gradients,
+stage 3 also the parameters (Section 5: 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d bytes with
+mixed-precision Adam); data parallelism and stages 1-2 communicate 2Ψ elements per rank and
+step, stage 3 3Ψ (Section 7). Ren et al. (2021): ZeRO-Offload leaves only the 16-bit
+parameters on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..memory.analytic import ModelStateBytes, model_state_bytes
+from ..precision import OPTIMIZERS, PRECISIONS
+from ..validate import check_choice, check_int
+from .flat import padded_numel, shard_numel
+
+__all__ = ["zero_model_state_bytes", "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume",
+           "OffloadSavings", "offload_savings"]
+
+STAGES = (0, 1, 2, 3)
+
+
+def zero_model_state_bytes(n_params: int, world_size: int, stage: int, precision: str = "mixed",
+                           optimizer: str = "adam") -> ModelStateBytes:
+    """Per-rank model-state bytes under ZeRO ``stage`` 0-3 over ``world_size`` ranks (Chapter 2).
+
+    Stage 1 shards optimizer states, stage 2 also gradients, stage 3 also parameters;
+    shards are rounded up (ceil) as padding does.
+    """
+    check_int("world_size", world_size, 1)
+    if stage not in STAGES or isinstance(stage, bool):
+        raise ValueError(f"stage={stage!r} must be one of {list(STAGES)}")
+    full = model_state_bytes(n_params, precision, optimizer)
+    part = model_state_bytes(shard_numel(n_params, world_size), precision, optimizer)  # the padded shard
+    return ModelStateBytes(params=part.params if stage >= 3 else full.params,
+                           grads=part.grads if stage >= 2 else full.grads,
+                           optimizer=part.optimizer if stage >= 1 else full.optimizer)
+
+
+# Elements moved per rank, per element of the full-size tensor (the paper's convention: an
+# all-reduce is a reduce-scatter plus an all-gather; the (N-1)/N factor of a ring is dropped).
+VOLUME_WEIGHT = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
+
+
+def comm_volume(numel_by_kind: dict) -> int:
+    """Elements a rank communicated, from a CommCounter's ``stats.numel`` (2 per all-reduced one)."""
+    unknown = set(k for k, v in numel_by_kind.items() if v) - set(VOLUME_WEIGHT)
+    if unknown:
+        raise ValueError(f"numel_by_kind has collectives {sorted(unknown)}; "
+                         f"valid kinds: {sorted(VOLUME_WEIGHT)}")
+    return sum(VOLUME_WEIGHT[k] * v for k, v in numel_by_kind.items())
+
+
+def analytic_comm_volume(n_params: int, stage: int, world_size: int = 1, group_numels=None) -> int:
+    """Elements each rank communicates per step: 2Ψ for stages 0-2 (an all-reduce, or a
+    reduce-scatter plus an all-gather), 3Ψ for stage 3 (a second all-gather in backward).
+
+    ``group_numels``: the sizes of the flat groups a sharded stage pads separately to multiples
+    of ``world_size``; with them the padded Ψ is used (stage 0 never pads).
+    """
+    if stage not in STAGES or isinstance(stage, bool):
+        raise ValueError(f"stage={stage!r} must be one of {list(STAGES)}")
+    psi = check_int("n_params", n_params, 0)
+    if group_numels is not None and stage > 0:
+        group_numels = list(group_numels)
+        if sum(group_numels) != n_params:
+            raise ValueError(f"group_numels sum to {sum(group_numels)}, not n_params={n_params}")
+        psi = sum(padded_numel(n, world_size) for n in group_numels)
+    return (3 if stage == 3 else 2) * psi
+
+
+@dataclass(frozen=True)
+class OffloadSavings:
+    """Per-rank bytes: on the GPU with and without offload, on the CPU, and over PCIe per step."""
+
+    gpu_bytes_without: int
+    gpu_bytes_with: int
+    cpu_bytes: int
+    pcie_bytes_per_step: int
+
+
+def offload_savings(n_params: int, world_size: int = 1, precision: str = "mixed",
+                    optimizer: str = "adam") -> OffloadSavings:
+    """What offloading a ZeRO-2 run saves on each GPU (Ren et al. 2021).
+
+    The gradient shard and the optimizer bytes (master weights and states) move to the CPU;
+    per step the gradient shard goes down and the parameter shard comes back, both in the
+    parameters' dtype. Model states only: activations and transient buckets come on top.
+    """
+    check_choice("precision", precision, PRECISIONS)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    zero2 = zero_model_state_bytes(n_params, world_size, 2, precision, optimizer)
+    per_param = model_state_bytes(1, precision, optimizer)  # bytes of one parameter and its gradient
+    return OffloadSavings(gpu_bytes_without=zero2.total, gpu_bytes_with=zero2.params,
+                          cpu_bytes=zero2.grads + zero2.optimizer,
+                          pcie_bytes_per_step=(per_param.params + per_param.grads) * shard_numel(n_params, world_size))

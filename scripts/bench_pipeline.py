@@ -1,0 +1,57 @@
+"""Pipeline schedules on CPU ranks: measured bubble against the formula, and step time of
+labkit's runtime against torch.distributed.pipelining.
+
+    python scripts/bench_pipeline.py                 # 4 gloo ranks on this machine
+    python scripts/bench_pipeline.py --pp-size 2 --steps 5
+
+Part 1 runs a synthetic workload whose stages sleep a set time (forward 30 ms, backward 60 ms),
+so the bubble is the schedule's and not the machine's, for GPipe, 1F1B and interleaved 1F1B
+(v = 2) over m, and prints the recorded bubble (least disturbed of three runs) beside
+(p - 1)/(m + p - 1) or (p - 1)/(v m + p - 1). Part 2 trains the tiny GPT one step per schedule
+(tiny, 2p layers) with labkit's runtime and with ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B on the
+same split, and prints the ratio of step times (the fastest of --steps, slowest rank).
+Under torchrun with NCCL the runtime runs unchanged; this script's launches are gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from labkit.dist import launch
+from labkit.model import get_preset
+from labkit.pipeline import Timeline, bubble_fraction
+from labkit.runs.pipeline import bench_rank, pipeline_rank
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pp-size", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    p = args.pp_size
+    ms = [p, 2 * p, 4 * p]
+    cases = [(s, m, 1) for s in ("gpipe", "1f1b") for m in ms] + [("interleaved", m, 2) for m in ms]
+    runs = launch(pipeline_rank, p, sleep_cases=cases, sleep_repeats=3, backend="gloo", timeout_s=300)
+    print(f"bubble on {p} CPU ranks, synthetic stages (forward 30 ms, backward 60 ms)")
+    print(f"{'schedule':12s} {'v':>2s} {'m':>3s} {'measured':>9s} {'formula':>8s} {'error':>7s}")
+    for case in cases:
+        tl = min((Timeline([r["sleep"][case][i]["events"] for r in runs]) for i in range(3)),
+                 key=lambda t: t.makespan)
+        want = bubble_fraction(p, case[1], case[0], case[2])
+        print(f"{case[0]:12s} {case[2]:2d} {case[1]:3d} {tl.bubble:9.3f} {want:8.3f} "
+              f"{(tl.bubble - want) / want:+7.1%}")
+    cfg = get_preset("tiny", n_layer=2 * p)  # two layers a rank: room for v = 2 chunks
+    gpt_cases = [("gpipe", 2 * p, 1), ("1f1b", 2 * p, 1), ("interleaved", 2 * p, 2)]
+    times = launch(bench_rank, p, gpt_cases, steps=args.steps, cfg=cfg, global_batch=4 * p,
+                   backend="gloo", timeout_s=300)
+    print(f"\nstep time of the tiny GPT with {2 * p} layers on {p} CPU ranks "
+          f"(fastest of {args.steps}, slowest rank)")
+    print(f"{'schedule':12s} {'v':>2s} {'m':>3s} {'labkit (s)':>11s} {'torch (s)':>10s} {'ratio':>6s}")
+    for case in gpt_cases:
+        ours = max(t[case][0] for t in times)
+        theirs = max(t[case][1] for t in times)
+        print(f"{case[0]:12s} {case[2]:2d} {case[1]:3d} {ours:11.4f} {theirs:10.4f} {ours / theirs:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Run labkit's Triton FlashAttention kernels on small shapes and print their errors as JSON.
+
+Used by tests/test_flash_attention.py in a subprocess: on the CPU, TRITON_INTERPRET=1 must be set
+before triton is first imported, which a fresh process guarantees. Also reports whether importing
+labkit.flash_attention imported triton (it must not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+import labkit.flash_attention as fa  # before triton: this import must not pull it in
+
+triton_at_import = "triton" in sys.modules
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # read by triton when it is first imported, just below
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.set_num_threads(1)
+SHAPES = [(37, 37, 16), (19, 45, 24)]  # odd lengths, two head dims; s_q < s_k for the causal alignment
+results = []
+for dtype in (torch.float32, torch.float16):
+    for causal in (False, True):
+        for s_q, s_k, d in SHAPES:
+            g = torch.Generator().manual_seed(s_q + d)
+            # drawn in the dtype, so that the fp64 reference sees the very same inputs
+            q, k, v = (torch.randn(2, 2, s, d, generator=g).to(dtype) for s in (s_q, s_k, s_k))
+            dout = torch.randn(2, 2, s_q, d, generator=g).to(dtype)
+            errors = {}
+            for name, dt, dev in (("triton", dtype, device), ("torch", dtype, device), ("fp64", torch.float64, "cpu")):
+                xs = [t.to(dev, dt).requires_grad_() for t in (q, k, v)]
+                if name == "triton":
+                    out, lse = fa.FlashAttentionTriton.apply(*xs, causal)
+                else:
+                    out, lse = fa.standard_attention(*xs, causal, return_lse=True)
+                grads = torch.autograd.grad(out, xs, dout.to(dev, dt))
+                errors[name] = [t.detach().cpu().double() for t in (out, lse, *grads)]
+            ref = errors.pop("fp64")
+            results.append({
+                "case": f"{str(dtype)[6:]} causal={causal} s_q={s_q} s_k={s_k} d={d}",
+                "err": {n: [(a - b).abs().max().item() for a, b in zip(v, ref)] for n, v in errors.items()},
+            })
+print(json.dumps({"triton_at_import": triton_at_import, "device": device,
+                  "interpreted": os.environ.get("TRITON_INTERPRET") == "1", "results": results}))

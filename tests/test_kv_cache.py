@@ -1,0 +1,68 @@
+"""labkit.kv_cache: incremental decoding through GPT.forward against recomputing the whole sequence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labkit.kv_cache import KVCache, generate
+from labkit.model import GPTConfig, build_model
+from labkit.paged_attention import kv_bytes_per_token_of
+
+CFG = GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=48, vocab_size=64)
+
+
+def _model(dtype=torch.float32):
+    torch.manual_seed(0)
+    return build_model(CFG, dtype=dtype).eval()
+
+
+def test_greedy_with_cache_equals_recomputing_every_step():
+    model = _model()
+    prompt = torch.randint(0, CFG.vocab_size, (3, 7), generator=torch.Generator().manual_seed(1))
+    with_cache = generate(model, prompt, 30)
+    assert torch.equal(with_cache, generate(model, prompt, 30, use_cache=False))
+    assert with_cache.shape == (3, 37)
+
+
+def test_cached_logits_match_the_full_forward_chunk_by_chunk():
+    model = _model(torch.float64)
+    idx = torch.randint(0, CFG.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(idx)  # (B, T, V), the AttentionCore path
+        cache = KVCache.for_model(model, 2)
+        pieces = [model(idx[:, a:b], kv_cache=cache) for a, b in [(0, 9), (9, 10), (10, 16), (16, 20)]]
+    # fp64: only the summation order of the attention differs between the two paths
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
+    assert cache.length == 20
+
+
+def test_the_forward_without_a_cache_is_unchanged():
+    model = _model()
+    idx = torch.randint(0, CFG.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    x = model.embed(idx)
+    for block in model.blocks:
+        x = block(x)
+    assert torch.equal(model(idx), model.head(x))
+
+
+def test_cache_bytes_are_the_formula():
+    model = _model()
+    cache = KVCache.for_model(model, batch_size=3, max_len=40)
+    assert cache.nbytes == 3 * 40 * kv_bytes_per_token_of(CFG, dtype_bytes=4)
+
+
+def test_bad_input_raises():
+    model = _model()
+    cache = KVCache.for_model(model, batch_size=2, max_len=8)
+    with pytest.raises(ValueError, match="batch_size=2"):
+        model(torch.zeros(3, 1, dtype=torch.long), kv_cache=cache)
+    model(torch.zeros(2, 8, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="max_len=8"):
+        model(torch.zeros(2, 1, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="seq_len=48"):
+        model.embed(torch.zeros(1, 1, dtype=torch.long), pos=torch.tensor([48]))
+    with pytest.raises(ValueError, match="seq_len=48"):
+        generate(model, torch.zeros(1, 40, dtype=torch.long), 9)
+    with pytest.raises(ValueError, match="max_len"):
+        KVCache(2, 1, 2, 16, 0)

@@ -1,0 +1,223 @@
+"""labkit.paged_attention: the allocator, the paged cache and paged attention against references.
+
+The allocator and the cache are driven by random operation sequences (hypothesis) and checked
+against a plain model of what they should hold; paged attention against a slow per-token loop
+over the block table followed by torch's scaled_dot_product_attention.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labkit.model import GPTConfig, build_model
+from labkit.paged_attention import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, BlockAllocator, OutOfBlocksError,
+                                    PagedKVCache, blocks_for_tokens, kv_bytes_per_token, kv_bytes_per_token_of,
+                                    paged_attention, slots_wasted_in_last_block, write_kv)
+
+FAST = settings(max_examples=150, deadline=None)
+
+
+# --- analytic -----------------------------------------------------------------------------------
+def test_bytes_per_token_of_published_models():
+    assert kv_bytes_per_token(*PUBLISHED_MODELS["OPT-13B"][:3], 2) == 819_200  # the paper's "800 KB"
+    assert kv_bytes_per_token(*PUBLISHED_MODELS["Llama-2-7B"][:3], 2) == 2**19
+    # grouped-query attention: 8 key-value heads instead of 64 for Llama-2-70B
+    assert kv_bytes_per_token(*PUBLISHED_MODELS["Llama-2-70B (GQA)"][:3], 2) == 2 * 80 * 8 * 128 * 2
+    cfg = GPTConfig(n_layer=3, n_head=4, d_model=64)
+    cache = PagedKVCache(cfg.n_layer, cfg.n_head, cfg.head_dim, num_blocks=5, block_size=8)
+    measured = sum(t.numel() * t.element_size() for t in cache.k + cache.v)  # what the cache holds
+    assert measured == 5 * 8 * kv_bytes_per_token_of(cfg, dtype_bytes=4)
+    assert DEFAULT_BLOCK_SIZE == 16
+    assert [blocks_for_tokens(n, 16) for n in (0, 1, 16, 17)] == [0, 1, 1, 2]
+    assert slots_wasted_in_last_block(17) == 15
+    with pytest.raises(ValueError, match="n_kv_heads=0"):
+        kv_bytes_per_token(2, 0, 64, 2)
+    with pytest.raises(ValueError, match="block_size=0"):
+        blocks_for_tokens(3, 0)
+
+
+# --- the allocator ------------------------------------------------------------------------------
+OPS = st.lists(st.tuples(st.sampled_from(["allocate", "share", "free"]), st.integers(0, 7)), max_size=60)
+
+
+@FAST
+@given(num_blocks=st.integers(1, 6), ops=OPS)
+def test_allocator_against_a_model(num_blocks, ops):
+    alloc, refs = BlockAllocator(num_blocks, 4), {}
+    for op, b in ops:
+        b %= num_blocks
+        if op == "allocate":
+            if len(refs) == num_blocks:
+                with pytest.raises(OutOfBlocksError):
+                    alloc.allocate()
+            else:
+                got = alloc.allocate()
+                assert got not in refs
+                refs[got] = 1
+        elif b not in refs:  # share or free a free block: an error, and nothing changes
+            with pytest.raises(ValueError, match="double free" if op == "free" else "is free"):
+                getattr(alloc, op)(b)
+        elif op == "share":
+            alloc.share(b)
+            refs[b] += 1
+        else:
+            alloc.free(b)
+            refs[b] -= 1
+            if refs[b] == 0:
+                del refs[b]
+        assert alloc.num_free == num_blocks - len(refs)
+        assert all(alloc.ref_count(i) == refs.get(i, 0) for i in range(num_blocks))
+        assert alloc.num_shared == sum(r > 1 for r in refs.values())
+    for b, r in list(refs.items()):
+        for _ in range(r):
+            alloc.free(b)
+    assert alloc.num_free == num_blocks  # nothing lost
+
+
+# --- the paged cache ----------------------------------------------------------------------------
+CACHE_OPS = st.lists(st.tuples(st.sampled_from(["add", "append", "fork", "free"]), st.integers(0, 50),
+                               st.lists(st.integers(0, 2), min_size=1, max_size=9)), max_size=40)
+
+
+def _check_invariants(cache, expected):
+    held = [b for table in cache.tables.values() for b in table]
+    alloc = cache.allocator
+    for b in range(alloc.num_blocks):  # reference counts = the tables holding a block
+        assert alloc.ref_count(b) == held.count(b)
+    assert alloc.num_free == alloc.num_blocks - len(set(held))  # nothing both free and in use
+    bs = cache.block_size
+    for sid, values in expected.items():  # every sequence reads back its own tokens
+        slots = torch.tensor([cache.tables[sid][p // bs] * bs + p % bs for p in range(len(values))],
+                             dtype=torch.long)
+        stored = cache.k[0].transpose(1, 2).reshape(-1)[slots] if len(values) else torch.zeros(0)
+        assert stored.tolist() == [float(v) for v in values], sid
+
+
+@FAST
+@given(num_blocks=st.integers(1, 8), block_size=st.sampled_from([1, 2, 4]), ops=CACHE_OPS)
+def test_cache_against_a_model(num_blocks, block_size, ops):
+    """Random add / append / fork / free; tokens come from {0, 1, 2} so prefixes repeat and are shared."""
+    cache = PagedKVCache(1, 1, 1, num_blocks, block_size)
+    expected, next_id = {}, 0
+    for op, pick, tokens in ops:
+        live = sorted(expected)
+        if op == "add" or not live:
+            sid, next_id = next_id, next_id + 1
+            shared = cache.add_sequence(sid, tokens)
+            assert shared % block_size == 0 and shared < len(tokens)
+            expected[sid] = list(tokens[:shared])
+            new = tokens[shared:]
+        elif op == "fork":
+            parent, sid, next_id = live[pick % len(live)], next_id, next_id + 1
+            cache.fork(parent, sid)
+            expected[sid] = list(expected[parent])
+            new = []
+        elif op == "free":
+            sid = live[pick % len(live)]
+            cache.free_sequence(sid)
+            del expected[sid]
+            new = []
+        else:
+            sid, new = live[pick % len(live)], tokens
+        if new:
+            n, table = len(expected[sid]), cache.tables[sid]
+            held = [b for t in cache.tables.values() for b in t]
+            last_shared = n % block_size != 0 and held.count(table[-1]) > 1
+            need = math.ceil((n + len(new)) / block_size) - len(table) + int(last_shared)
+            if need > cache.allocator.num_free:
+                before = (list(table), cache.allocator.num_free)
+                with pytest.raises(OutOfBlocksError):
+                    cache.reserve(sid, new)
+                assert (cache.tables[sid], cache.allocator.num_free) == before  # nothing changed
+                if not expected[sid] and op == "add":
+                    cache.free_sequence(sid)
+                    del expected[sid]
+            else:
+                slots = torch.tensor(cache.reserve(sid, new))  # block * block_size + offset
+                values = torch.tensor(new, dtype=torch.float32).view(-1, 1, 1)  # (T, nh, hs)
+                write_kv(cache.k[0], cache.v[0], slots, values, values)
+                expected[sid] += new
+        _check_invariants(cache, expected)
+    for sid in list(expected):
+        cache.free_sequence(sid)
+    assert cache.allocator.num_free == num_blocks and not cache._block_of_hash  # no block lost
+
+
+def test_prefix_sharing_and_copy_on_write_counts():
+    cache = PagedKVCache(1, 1, 1, num_blocks=8, block_size=4)
+    prompt = list(range(10))  # two full blocks and a partial one
+    cache.add_sequence("a", prompt)
+    cache.reserve("a", prompt)
+    assert cache.add_sequence("b", prompt) == 8  # the two full blocks, not the last token's
+    assert cache.tables["b"] == cache.tables["a"][:2]
+    cache.fork("a", "c")
+    cache.reserve("c", [7])  # c writes into the shared partial block: copied first
+    assert cache.num_copies == 1 and cache.tables["c"][2] != cache.tables["a"][2]
+    assert cache.tables["c"][:2] == cache.tables["a"][:2]
+
+
+# --- paged attention ----------------------------------------------------------------------------
+def _reference(q, k_cache, v_cache, tables, lens):
+    """Per sequence: walk the block table token by token, then torch's attention with a causal offset."""
+    out = []
+    bs = k_cache.size(2)
+    T = q.size(2)
+    for b in range(q.size(0)):
+        L = int(lens[b])
+        keys = torch.stack([k_cache[tables[b][p // bs], :, p % bs] for p in range(L)], dim=1)  # (nh, L, hs)
+        values = torch.stack([v_cache[tables[b][p // bs], :, p % bs] for p in range(L)], dim=1)
+        mask = torch.arange(L)[None, :] <= (L - T + torch.arange(T))[:, None]  # (T, L), True = attend
+        out.append(F.scaled_dot_product_attention(q[b], keys, values, attn_mask=mask))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_paged_attention_equals_contiguous_attention(T, block_size):
+    g = torch.Generator().manual_seed(block_size * 10 + T)
+    B, nh, hs, num_blocks = 4, 2, 8, 40
+    k_cache = torch.randn(num_blocks, nh, block_size, hs, generator=g, dtype=torch.float64)
+    v_cache = torch.randn(num_blocks, nh, block_size, hs, generator=g, dtype=torch.float64)
+    lens = torch.randint(T, 5 * block_size + 1, (B,), generator=g)
+    perm = torch.randperm(num_blocks, generator=g).tolist()  # scattered physical blocks
+    tables, width = [], max(math.ceil(int(n) / block_size) for n in lens)
+    for n in lens:
+        m = math.ceil(int(n) / block_size)
+        tables.append([perm.pop() for _ in range(m)] + [0] * (width - m))
+    q = torch.randn(B, nh, T, hs, generator=g, dtype=torch.float64)
+    got = paged_attention(q, k_cache, v_cache, torch.tensor(tables), lens)
+    # fp64: the two differ only in summation order
+    torch.testing.assert_close(got, _reference(q, k_cache, v_cache, tables, lens), rtol=1e-12, atol=1e-12)
+
+
+def test_paged_attention_rejects_bad_shapes():
+    k = torch.zeros(4, 2, 4, 8)
+    with pytest.raises(ValueError, match="context_lens"):
+        paged_attention(torch.zeros(2, 2, 1, 8), k, k, torch.zeros(2, 1, dtype=torch.long), torch.tensor([5, 1]))
+    with pytest.raises(ValueError, match="block_tables"):
+        paged_attention(torch.zeros(2, 2, 1, 8), k, k, torch.zeros(3, 1, dtype=torch.long), torch.tensor([1, 1]))
+
+
+def test_the_model_through_a_paged_cache_matches_its_full_forward():
+    cfg = GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=40, vocab_size=64)
+    torch.manual_seed(0)
+    model = build_model(cfg, dtype=torch.float64).eval()
+    idx = torch.randint(0, 64, (3, 30), generator=torch.Generator().manual_seed(1))
+    cache = PagedKVCache.for_model(model, num_blocks=30, block_size=4)
+    outs = []
+    with torch.no_grad():
+        for a, b in [(0, 11), (11, 12), (12, 30)]:  # a prefill, a decode step, a longer chunk
+            for i in range(3):
+                if a == 0:
+                    cache.add_sequence(i, idx[i, :b].tolist())
+                cache.reserve(i, idx[i, a:b].tolist())
+            outs.append(model(idx[:, a:b], kv_cache=cache.step(range(3), b - a)))
+        full = model(idx)
+    # fp64: only the summation order of the attention differs
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=1e-10, atol=1e-10)
