@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # a text bar: a widget would need JavaScript from a CDN in the book
 
 from .analytic import DEFAULT_BLOCK_SIZE
 from .cache import PagedKVCache
