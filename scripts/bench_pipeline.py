@@ -1,21 +1,26 @@
-"""Pipeline schedules on CPU ranks: measured bubble against the formula, and step time of
+"""Pipeline schedules on CPU ranks (or GPUs): measured bubble against the formula, and step time of
 labkit's runtime against torch.distributed.pipelining.
 
     python scripts/bench_pipeline.py                 # 4 gloo ranks on this machine
     python scripts/bench_pipeline.py --pp-size 2 --steps 5
+    python scripts/bench_pipeline.py --forward-ms 150  # stages 5x longer beside the messages
+    python scripts/bench_pipeline.py --backend nccl    # one rank per GPU (needs --pp-size GPUs)
 
-Part 1 runs a synthetic workload whose stages sleep a set time (forward 30 ms, backward 60 ms),
-so the bubble is the schedule's and not the machine's, for GPipe, 1F1B and interleaved 1F1B
+Part 1 runs a synthetic workload whose stages sleep a set time (forward --forward-ms, 30 ms by
+default, backward twice that), so the bubble is the schedule's and not the machine's, for GPipe, 1F1B and interleaved 1F1B
 (v = 2) over m, and prints the recorded bubble (least disturbed of three runs) beside
 (p - 1)/(m + p - 1) or (p - 1)/(v m + p - 1). Part 2 trains the tiny GPT one step per schedule
 (tiny, 2p layers) with labkit's runtime and with ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B on the
 same split, and prints the ratio of step times (the fastest of --steps, slowest rank).
-Under torchrun with NCCL the runtime runs unchanged; this script's launches are gloo on CPU.
+With --backend nccl the same runtime runs with each rank on its own GPU (the model, the batches
+and the messages on CUDA; the recorded times wait for the GPU to finish).
 """
 
 from __future__ import annotations
 
 import argparse
+
+import torch
 
 from labkit.dist import launch
 from labkit.model import get_preset
@@ -27,12 +32,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pp-size", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--forward-ms", type=float, default=30.0, help="a stage's forward; backward is twice it")
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                    help="gloo: CPU processes; nccl: one GPU a rank")
     args = ap.parse_args()
+    if args.forward_ms <= 0:
+        ap.error(f"--forward-ms={args.forward_ms} must be > 0")
+    f = args.forward_ms / 1e3
     p = args.pp_size
+    if args.backend == "nccl" and torch.cuda.device_count() < p:
+        ap.error(f"--backend nccl needs --pp-size={p} GPUs; this machine has {torch.cuda.device_count()}")
+    where = "CPU" if args.backend == "gloo" else "GPU"
     ms = [p, 2 * p, 4 * p]
     cases = [(s, m, 1) for s in ("gpipe", "1f1b") for m in ms] + [("interleaved", m, 2) for m in ms]
-    runs = launch(pipeline_rank, p, sleep_cases=cases, sleep_repeats=3, backend="gloo", timeout_s=300)
-    print(f"bubble on {p} CPU ranks, synthetic stages (forward 30 ms, backward 60 ms)")
+    runs = launch(pipeline_rank, p, sleep_cases=cases, sleep_repeats=3, sleep_costs=(f, 2 * f), backend=args.backend,
+                  timeout_s=300)
+    print(f"bubble on {p} {where} ranks, synthetic stages (forward {f * 1e3:g} ms, backward {2 * f * 1e3:g} ms)")
     print(f"{'schedule':12s} {'v':>2s} {'m':>3s} {'measured':>9s} {'formula':>8s} {'error':>7s}")
     for case in cases:
         tl = min((Timeline([r["sleep"][case][i]["events"] for r in runs]) for i in range(3)),
@@ -43,8 +58,8 @@ def main() -> None:
     cfg = get_preset("tiny", n_layer=2 * p)  # two layers a rank: room for v = 2 chunks
     gpt_cases = [("gpipe", 2 * p, 1), ("1f1b", 2 * p, 1), ("interleaved", 2 * p, 2)]
     times = launch(bench_rank, p, gpt_cases, steps=args.steps, cfg=cfg, global_batch=4 * p,
-                   backend="gloo", timeout_s=300)
-    print(f"\nstep time of the tiny GPT with {2 * p} layers on {p} CPU ranks "
+                   backend=args.backend, timeout_s=300)
+    print(f"\nstep time of the tiny GPT with {2 * p} layers on {p} {where} ranks "
           f"(fastest of {args.steps}, slowest rank)")
     print(f"{'schedule':12s} {'v':>2s} {'m':>3s} {'labkit (s)':>11s} {'torch (s)':>10s} {'ratio':>6s}")
     for case in gpt_cases:

@@ -82,3 +82,13 @@ def counted_by_both(rank, world_size):
     theirs = {str(op): n for op, n in debug.get_comm_counts().items()}
     return {"ours": {k: v["calls"] for k, v in comm.stats.as_dict().items()}, "theirs": theirs,
             "theirs_total": debug.get_total_counts()}
+
+
+def pipeline_and_grid(rank, world_size, pipeline_kw, grid_kw):
+    """One launch for two suites: labkit.runs.pipeline's cases, then the (dp, tp, pp) grid's."""
+    from labkit.runs.parallel3d import parallel_3d_rank
+    from labkit.runs.pipeline import pipeline_rank
+
+    out = pipeline_rank(rank, world_size, **pipeline_kw)
+    out["grid"] = parallel_3d_rank(rank, world_size, **grid_kw)
+    return out

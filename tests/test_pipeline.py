@@ -156,3 +156,26 @@ def test_training_flops_match_narayanans_closed_form():
     assert abs(training_flops(cfg, B, recompute=True) / closed - 1) < 1e-12  # same sum, float rounding
     with pytest.raises(ValueError, match="global_batch=0"):
         training_flops(cfg, 0)
+
+
+def test_the_3d_grid_places_tensor_innermost_and_data_outermost():
+    from labkit.runs.parallel3d import mesh_coords
+
+    coords = [mesh_coords(r, 2, 2, 2) for r in range(8)]
+    assert coords[:4] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]  # a stage's tensor ranks adjacent
+    assert coords[4] == (1, 0, 0)  # the second replica starts after t p ranks
+    assert sorted(coords) == coords and len(set(coords)) == 8
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda f: f["coords"](8, 2, 2, 2), "rank=8"),
+    (lambda f: f["coords"](0, 0, 2, 2), "dp=0"),
+    (lambda f: f["train"](0, 8, 2, 2, 1), "world_size=8"),
+    (lambda f: f["train"](0, 4, 2, 1, 2, m=3), "global_batch=8"),
+    (lambda f: f["train"](0, 4, 2, 1, 2, sequence_parallel=True), "sequence_parallel=True"),
+])
+def test_bad_3d_input_names_the_argument(call, match):
+    from labkit.runs.parallel3d import mesh_coords, train_3d
+
+    with pytest.raises(ValueError, match=match):
+        call({"coords": mesh_coords, "train": train_3d})

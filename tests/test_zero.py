@@ -152,3 +152,19 @@ def test_buckets_hold_at_most_bucket_numel_elements_in_order():
     assert buckets == [[5, 3], [9], [2, 2], [20], [1]]  # 20 > 10 gets a bucket of its own
     assert all(sum(b) <= 10 for b in buckets if len(b) > 1)
     assert buckets_by_numel(sizes, lambda n: n, None) == [sizes]  # None: one bucket
+
+
+def test_adam_agreement_forgives_round_off_outliers_but_not_a_wrong_update():
+    from labkit.runs.zero import adam_agreement
+
+    ref = {"w": torch.zeros(10_000), "b": torch.zeros(10)}
+    few = {k: v.clone() for k, v in ref.items()}
+    few["w"][:5] = 5e-5  # a few elements whose gradient was round-off, as in a real run
+    assert adam_agreement(few, ref, lr=3e-3) == {"max": pytest.approx(5e-5), "share_off": 5 / 10_010,
+                                                 "ok": True, "names_match": True}
+    shifted = {"w": ref["w"] + 2e-6, "b": ref["b"]}  # every element of a tensor off: a wrong update
+    assert not adam_agreement(shifted, ref, lr=3e-3)["ok"]
+    far = {k: v.clone() for k, v in few.items()}
+    far["b"][0] = 1e-3  # one element off by a third of lr
+    assert not adam_agreement(far, ref, lr=3e-3)["ok"]
+    assert not adam_agreement({"w": ref["w"]}, ref, lr=3e-3)["names_match"]

@@ -16,7 +16,7 @@ import torch
 from torch.testing import assert_close
 
 from labkit.dist import launch
-from labkit.runs.zero import RESUMABLE, STAGE, reference_run, train_rank
+from labkit.runs.zero import RESUMABLE, STAGE, adam_agreement, reference_run, train_rank
 from labkit.zero import analytic_comm_volume, comm_volume, zero_model_state_bytes
 from zero_workers import ToyNet, toy_rank, zero_test_rank
 
@@ -28,8 +28,9 @@ TOY_WRAPPED = ("ddp_naive", "ddp_bucketed", "zero1", "zero2", "zero3")
 # Losses: fp32 sums over ranks run in another order than over one batch: ~1e-7 relative.
 LOSS_TOL = dict(rtol=1e-6, atol=0)
 # Parameters: Adam's early steps are about lr * g / |g|, which turns that ~1e-7 relative
-# gradient difference into up to ~2e-5 where |g| is tiny (measured at lr=3e-3, 4 steps).
-PARAM_TOL = dict(rtol=0, atol=5e-5)
+# gradient difference into up to ~5e-5 where |g| is tiny (measured at lr=3e-3, 4 steps, on two
+# machines: 2e-5 and 5e-5), while 99.98% of the elements agree to 1e-6: adam_agreement checks the
+# bulk to 1e-6 (all but 0.1%) and every element to lr / 10.
 # ToyNet has 82 numbers: summation order moves them by a few ulps at most.
 TOY_TOL = dict(rtol=0, atol=1e-6)
 GLOO = dict(backend="gloo", timeout_s=120, join_timeout_s=600)  # a loaded 2-core machine is slow
@@ -132,6 +133,11 @@ def _params(results, kind):
     return {k: torch.from_numpy(v) for k, v in results[0][kind]["params"].items()}
 
 
+def _assert_params_agree(ours, ref, what):
+    agree = adam_agreement(ours, ref, LR)
+    assert agree["ok"], (what, agree)
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_every_stage_trains_like_one_process_and_like_ddp(world_size, request, reference):
     results = request.getfixturevalue(f"runs{world_size}")
@@ -139,7 +145,7 @@ def test_every_stage_trains_like_one_process_and_like_ddp(world_size, request, r
     kinds = KINDS_2 if world_size == 2 else KINDS_4
     for kind in (k for k in kinds if not k.endswith("bf16")):
         assert_close(_losses(results, kind), torch.tensor(ref_losses, dtype=torch.float64), **LOSS_TOL)
-        assert_close(_params(results, kind), ref_params, **PARAM_TOL)
+        _assert_params_agree(_params(results, kind), ref_params, kind)
         if world_size == 2:
             # two ranks: each averaged element is g0/2 + g1/2, one rounding in either order, so
             # every scheme must equal torch's DDP bit for bit
@@ -148,7 +154,7 @@ def test_every_stage_trains_like_one_process_and_like_ddp(world_size, request, r
                 assert torch.equal(value, _params(results, "ddp_torch")[name]), (kind, name)
             assert [r[kind]["losses"] for r in results] == [r["ddp_torch"]["losses"] for r in results], kind
         else:
-            assert_close(_params(results, kind), _params(results, "ddp_torch"), **PARAM_TOL)
+            _assert_params_agree(_params(results, kind), _params(results, "ddp_torch"), kind)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -156,7 +162,7 @@ def test_stage1_matches_zero_redundancy_optimizer_and_stage3_matches_fsdp2(world
     results = request.getfixturevalue(f"runs{world_size}")
     for ours, torchs in (("zero1", "zero1_torch"), ("zero3", "fsdp2")):
         assert_close(_losses(results, ours), _losses(results, torchs), **LOSS_TOL)
-        assert_close(_params(results, ours), _params(results, torchs), **PARAM_TOL)
+        _assert_params_agree(_params(results, ours), _params(results, torchs), (ours, torchs))
 
 
 def test_bf16_stage3_errs_no_more_than_fsdp2_in_bf16(runs2, reference):
@@ -292,7 +298,7 @@ def test_a_checkpoint_resumes_at_another_world_size(saved, resumed, request):
         # the resumed steps sum the gradients over another number of ranks, so in another order:
         # the same bounds as for any two world sizes above
         assert_close(_losses(at_resumed, resumed_kind), uninterrupted, **LOSS_TOL)
-        assert_close(_params(at_resumed, resumed_kind), _params(at_saved, kind), **PARAM_TOL)
+        _assert_params_agree(_params(at_resumed, resumed_kind), _params(at_saved, kind), resumed_kind)
 
 
 def test_damaged_checkpoints_are_refused_and_change_nothing(resumed2):
@@ -314,7 +320,7 @@ def test_the_stages_on_cuda_with_nccl():
     results = launch(train_rank, world_size, kinds, steps=STEPS, backend="nccl", timeout_s=300)
     for kind in ("zero1", "zero2", "zero3", "offload"):
         # NCCL's reductions run in yet another order: the same bound as on gloo
-        assert_close(_params(results, kind), _params(results, "ddp_torch"), **PARAM_TOL)
+        _assert_params_agree(_params(results, kind), _params(results, "ddp_torch"), kind)
         assert_close(_losses(results, kind), _losses(results, "ddp_torch"), **LOSS_TOL)
     for res in results:
         assert res["offload"]["params_on"] == ["cuda"] and res["offload"]["state_on"] == ["cpu"]

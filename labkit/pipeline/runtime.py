@@ -28,13 +28,15 @@ class PipelineResult:
     [(action, start, end)] in seconds from the step's start, ``peak_live`` the most
     (micro-batch, chunk) activations the rank held at once, ``peak_saved_bytes`` the most bytes
     autograd held saved for backward at once (parameters and buffers excluded), ``sent`` the
-    messages it sent."""
+    messages it sent, ``t0`` the step's start on ``time.perf_counter``'s clock (one clock for all
+    processes of a Linux machine: add it to align the ranks' events)."""
 
     losses: list
     events: list
     peak_live: int
     peak_saved_bytes: int
     sent: int
+    t0: float = 0.0
 
 
 class _SavedBytes:
@@ -79,7 +81,14 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
     scale = 1.0 / m if loss_scale is None else loss_scale
     stash, losses, events, pending, saved = {}, {}, [], [], {}
     peak = sent = live_bytes = peak_bytes = 0
-    t0 = time.perf_counter()
+    on_gpu = torch.device(device).type == "cuda"
+
+    def now():  # on a GPU, wait for the queued kernels and receives: time what ran, not what was queued
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    t0 = now()
     for a in actions:
         k = a.chunk * p + rank  # this action's virtual stage
         if a.kind == "F":
@@ -89,7 +98,7 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
                 x = torch.empty(act_shape, dtype=act_dtype, device=device)
                 dist.recv(x, src=ranks[(k - 1) % p], group=group, tag=_tag("F", a.mb, k - 1, n_stages))
                 x.requires_grad_()
-            start = time.perf_counter()
+            start = now()
             counter = _SavedBytes(chunks)
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
                 y = chunks[a.chunk](x)
@@ -101,7 +110,7 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
                 losses[a.mb] = loss.detach()
                 stash[(a.mb, a.chunk)] = (x, loss * scale)
             else:
-                pending.append(dist.isend(y.detach(), dst=ranks[(k + 1) % p], group=group,
+                pending.append(dist.isend(y.detach().contiguous(), dst=ranks[(k + 1) % p], group=group,
                                           tag=_tag("F", a.mb, k, n_stages)))
                 stash[(a.mb, a.chunk)] = (x, y)
                 sent += 1
@@ -111,23 +120,23 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
             live_bytes -= saved.pop((a.mb, a.chunk))
             grad = None
             if k != last:
-                grad = torch.empty_like(y)
+                grad = torch.empty(y.shape, dtype=y.dtype, device=y.device)  # contiguous, whatever y is
                 dist.recv(grad, src=ranks[(k + 1) % p], group=group, tag=_tag("B", a.mb, k + 1, n_stages))
-            start = time.perf_counter()
+            start = now()
             torch.autograd.backward(y, grad)
             if k > 0:
-                pending.append(dist.isend(x.grad, dst=ranks[(k - 1) % p], group=group,
+                pending.append(dist.isend(x.grad.contiguous(), dst=ranks[(k - 1) % p], group=group,
                                           tag=_tag("B", a.mb, k, n_stages)))
                 sent += 1
             del x, y, grad
         else:
             raise ValueError(f"action {a!r} has kind={a.kind!r}; valid kinds are 'F' and 'B'")
-        events.append((a, start - t0, time.perf_counter() - t0))
+        events.append((a, start - t0, now() - t0))
     for work in pending:
         work.wait()
     if stash:
         raise ValueError(f"schedule left forwards without their backward: {sorted(stash)}")
-    return PipelineResult([losses[i].item() for i in sorted(losses)], events, peak, peak_bytes, sent)
+    return PipelineResult([losses[i].item() for i in sorted(losses)], events, peak, peak_bytes, sent, t0)
 
 
 @torch.no_grad()
@@ -136,7 +145,9 @@ def exchange_tied_grad(param: torch.Tensor, peer: int, is_first: bool, group=Non
     embedding): each sends its own and adds the other's, first stage's term first, on both."""
     mine = param.grad.clone()
     theirs = torch.empty_like(mine)
-    work = dist.isend(mine, dst=peer, group=group)
-    dist.recv(theirs, src=peer, group=group)
-    work.wait()
+    # one batch of a send and a receive: NCCL runs them together (a send and then a receive on
+    # both ends, each waiting for the other's receive, could deadlock there)
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer, group),
+                                        dist.P2POp(dist.irecv, theirs, peer, group)]):
+        work.wait()
     param.grad.copy_(mine + theirs if is_first else theirs + mine)

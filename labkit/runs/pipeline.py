@@ -15,8 +15,17 @@ import torch
 from ..model import GPT, GPTConfig, build_model, get_preset
 from ..pipeline import build_chunks, exchange_tied_grad, make_schedule, run_schedule, split_stages
 
-__all__ = ["make_batch", "reference_grads", "reference_step", "train_pipeline", "torch_pipelining_losses",
-           "sleep_pipeline", "data_pipeline_rank", "pipeline_rank", "bench_rank", "SleepChunk"]
+__all__ = ["make_batch", "reference_grads", "rank_device", "train_pipeline", "torch_pipelining_losses",
+           "sleep_pipeline", "pipeline_rank", "bench_rank", "SleepChunk"]
+
+
+def rank_device() -> torch.device:
+    """This rank's device: its GPU when the process group is NCCL, else the CPU."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def make_batch(cfg: GPTConfig, global_batch: int, seed: int = 0):
@@ -37,37 +46,32 @@ def reference_grads(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: 
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def reference_step(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: int = 0, lr: float = 0.1):
-    """One process, whole batch, one SGD step: (loss, {name: updated parameter})."""
-    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
-    torch.manual_seed(seed)
-    model = build_model(cfg)
-    loss = model(*make_batch(cfg, global_batch, seed))
-    loss.backward()
-    torch.optim.SGD(model.parameters(), lr=lr).step()
-    return loss.item(), {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
 def train_pipeline(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, seed=0, *,
-                   group=None, ranks=None, model=None, batch=None):
+                   group=None, ranks=None, model=None, batch=None, ranges=None, loss_fn=None, act_shape=None):
     """One pipeline step of the GPT on this rank (forward and backward, tied gradient summed).
+
+    ``rank``: the stage; ``ranks``: the pipeline's global ranks in ``group``; ``ranges``: the
+    layer split (default ``split_stages(model, pp_size, v=v)``); ``loss_fn`` (default ``GPT.loss``)
+    and ``act_shape`` (default (B/m, T, C)) for a model whose stages differ (tensor-parallel).
 
     Returns {"losses", "grads" (this rank's, by the model's parameter names), "events",
     "peak_live", "peak_saved_bytes", "sent", "ranges"}.
     """
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    dev = rank_device()
     if model is None:
         torch.manual_seed(seed)
-        model = build_model(cfg)
-    x, y = make_batch(cfg, global_batch, seed) if batch is None else batch
+        model = build_model(cfg).to(dev)
+    x, y = (t.to(dev) for t in (make_batch(cfg, global_batch, seed) if batch is None else batch))
     if x.shape[0] % m:
         raise ValueError(f"num_microbatches={m} must divide the batch of {x.shape[0]} sequences")
-    ranges = split_stages(model, pp_size, v=v)
+    ranges = split_stages(model, pp_size, v=v) if ranges is None else ranges
     chunks = build_chunks(model, ranges, pp_size, rank)
     actions = make_schedule(schedule, pp_size, m, v)[rank]
-    kw = dict(rank=rank, pp_size=pp_size, inputs=x.chunk(m), targets=y.chunk(m), loss_fn=GPT.loss,
-              act_shape=(x.shape[0] // m, x.shape[1], cfg.d_model), group=group, ranks=ranks,
-              device=x.device)
+    act_shape = (x.shape[0] // m, x.shape[1], cfg.d_model) if act_shape is None else act_shape
+    kw = dict(rank=rank, pp_size=pp_size, inputs=x.chunk(m), targets=y.chunk(m),
+              loss_fn=GPT.loss if loss_fn is None else loss_fn, act_shape=act_shape, group=group,
+              ranks=ranks, device=x.device)
     out = {"ranges": ranges}
     res = run_schedule(chunks, actions, **kw)
     if pp_size > 1 and rank in (0, pp_size - 1):  # the tied embedding lives on both ends
@@ -75,7 +79,8 @@ def train_pipeline(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, 
         exchange_tied_grad(model.wte.weight, ranks[pp_size - 1 - rank], rank == 0, group)
     out.update(losses=res.losses, events=res.events, peak_live=res.peak_live, sent=res.sent,
                peak_saved_bytes=res.peak_saved_bytes,
-               grads={n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+               grads={n: p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters()
+                      if p.grad is not None})
     return out
 
 
@@ -85,9 +90,10 @@ def torch_pipelining_losses(rank, pp_size, schedule, m, v=1, cfg="tiny", global_
                                               ScheduleInterleaved1F1B)
 
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    dev = rank_device()
     torch.manual_seed(seed)
-    model = build_model(cfg)
-    x, y = make_batch(cfg, global_batch, seed)
+    model = build_model(cfg).to(dev)
+    x, y = (t.to(dev) for t in make_batch(cfg, global_batch, seed))
     ranges = split_stages(model, pp_size, v=v)
     chunks = build_chunks(model, ranges, pp_size, rank)
     stages = [PipelineStage(c, stage_index=k, num_stages=len(ranges), device=x.device)
@@ -140,61 +146,48 @@ def sleep_pipeline(rank, pp_size, schedule, m, v=1, fwd_s=0.02, bwd_s=0.04):
     import torch.distributed as dist
 
     chunks = [SleepChunk(fwd_s / v, bwd_s / v) for _ in range(v)]
-    inputs = [torch.ones(1, 4, requires_grad=True) for _ in range(m)]
+    dev = rank_device()
+    inputs = [torch.ones(1, 4, device=dev, requires_grad=True) for _ in range(m)]
     actions = make_schedule(schedule, pp_size, m, v)[rank]
     dist.barrier()  # start together: the step's clock starts here on every rank
     res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=inputs, targets=[None] * m,
-                       loss_fn=_sum_loss, act_shape=(1, 4))
-    return {"events": res.events, "peak_live": res.peak_live}
+                       loss_fn=_sum_loss, act_shape=(1, 4), device=dev)
+    return {"events": res.events, "peak_live": res.peak_live, "t0": res.t0}
 
 
-def data_pipeline_rank(rank, world_size, pp_size, schedule, m, cfg="tiny", global_batch=8, seed=0, lr=0.1):
-    """Data x pipeline parallelism: N_d = world_size / pp_size replicas of a pp_size-stage pipeline
-    (a pipeline's stages on consecutive ranks), gradients averaged over the replicas, one SGD
-    step. Returns {"losses" (last stages; one per micro-batch), "params" (this rank's, updated)}."""
+def _connect_ring(rank, world_size):
+    """Exchange a message with both ring neighbours, so that no timed step pays for opening a
+    connection (gloo connects a pair of ranks on its first message; interleaving adds p-1 -> 0)."""
     import torch.distributed as dist
 
-    from ..collectives import all_reduce_mean_
-
-    dp_size = world_size // pp_size
-    pipes = [list(range(d * pp_size, (d + 1) * pp_size)) for d in range(dp_size)]
-    replicas = [list(range(s, world_size, pp_size)) for s in range(pp_size)]
-    pp_groups = [dist.new_group(r) for r in pipes]  # every rank creates every group, in one order
-    dp_groups = [dist.new_group(r) for r in replicas]
-    d, stage = divmod(rank, pp_size)
-    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
-    torch.manual_seed(seed)
-    model = build_model(cfg)
-    x, y = make_batch(cfg, global_batch, seed)
-    rows = slice(d * global_batch // dp_size, (d + 1) * global_batch // dp_size)  # this replica's
-    res = train_pipeline(stage, pp_size, schedule, m, cfg=cfg, group=pp_groups[d], ranks=pipes[d],
-                         model=model, batch=(x[rows], y[rows]))
-    params = [p for p in model.parameters() if p.grad is not None]
-    for p in params:
-        all_reduce_mean_(p.grad, dp_size, group=dp_groups[stage])
-    opt = torch.optim.SGD(params, lr=lr)
-    opt.step()
-    return {"losses": res["losses"],
-            "params": {n: p.detach().clone() for n, p in model.named_parameters() if p.grad is not None}}
+    if world_size == 1:
+        return
+    box = torch.zeros(1, device=rank_device())
+    for peer in sorted({(rank + 1) % world_size, (rank - 1) % world_size}):
+        if rank < peer:
+            dist.send(box, dst=peer)
+            dist.recv(box, src=peer)
+        else:
+            dist.recv(box, src=peer)
+            dist.send(box, dst=peer)
 
 
 def pipeline_rank(rank, world_size, cases=(), torch_cases=(), sleep_cases=(),
-                  cfg="tiny", global_batch=8, seed=0, sleep_costs=(0.03, 0.06), sleep_repeats=1,
-                  dp_cases=()):
+                  cfg="tiny", global_batch=8, seed=0, sleep_costs=(0.03, 0.06), sleep_repeats=1):
     """Run every case on this rank; cases are (schedule, m, v). Returns {kind: {case: result}};
     a sleep case's result is a list of ``sleep_repeats`` runs."""
     torch.set_num_threads(1)  # tensors this small gain nothing from threads on a shared CPU
-    out = {"labkit": {}, "torch": {}, "sleep": {}, "data_pipeline": {}}
-    for case in dp_cases:  # (pp_size, schedule, m)
-        out["data_pipeline"][case] = data_pipeline_rank(rank, world_size, *case, cfg=cfg,
-                                                        global_batch=global_batch, seed=seed)
+    out = {"labkit": {}, "torch": {}, "sleep": {}}
     for case in cases:
         out["labkit"][case] = train_pipeline(rank, world_size, *case, cfg=cfg, global_batch=global_batch,
                                              seed=seed)
     for case in torch_cases:
         out["torch"][case] = torch_pipelining_losses(rank, world_size, *case, cfg=cfg,
                                                      global_batch=global_batch, seed=seed)
+    if sleep_cases:
+        _connect_ring(rank, world_size)
     for case in sleep_cases:
+        sleep_pipeline(rank, world_size, *case, 1e-3, 2e-3)  # untimed: one-time costs of a first step
         out["sleep"][case] = [sleep_pipeline(rank, world_size, *case, *sleep_costs)
                               for _ in range(sleep_repeats)]
     return out

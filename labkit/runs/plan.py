@@ -2,7 +2,9 @@
 
 Memory per GPU (bf16 mixed-precision Adam): model states of the largest stage, 16 bytes a
 parameter, or 4 + 12/N_d with ZeRO-1 and 2 + 14/N_d with ZeRO-2 (Rajbhandari et al. 2020); the
-activations of the micro-batches stage 0 holds under 1F1B, min(p, m) of them, per layer
+activations of the micro-batches stage 0 holds, per layer: min(p, m) of its L/p layers under
+1F1B, 2(p - 1) + (v - 1)p + 1 chunks of L/(vp) layers under the interleaved schedule with v
+chunks a rank (a factor 1 + (p - 1)/(pv) over 1F1B, as Korthikanti et al. state), per layer
 (Korthikanti et al. 2022, 2-byte activations): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism,
 sbh/t (34 + 5as/h) with sequence parallelism, without the 5as/h term under selective
 recomputation, 2sbh (or 2sbh/t) under full recomputation plus one layer being recomputed.
@@ -10,7 +12,7 @@ The embedding's and logits' activations are left out. Step time, a stated model:
 the step's matmul FLOPs / (GPUs x peak x ``efficiency``), stretched by the bubble; plus tensor
 all-reduces (4 a layer per micro-batch, 6 with full recomputation, ring 2(t-1)/t of b s h
 2-byte elements) on NVLink when t fits in a node, pipeline sends b s h (/t with SP) on the
-network when the pipeline spans nodes, and the gradient all-reduce over N_d on the network;
+network when the pipeline spans nodes (v times as many with interleaving), and the gradient all-reduce over N_d on the network;
 none of it overlapped with compute.
 """
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 from ..hardware import get_gpu, peak_flops
 from ..model import GPTConfig, training_flops
-from ..pipeline.analytic import bubble_fraction
+from ..pipeline.analytic import bubble_fraction, max_in_flight
 
 __all__ = ["Plan", "plan_parallelism", "plan_memory", "RECOMPUTE"]
 
@@ -45,6 +47,11 @@ class Plan:
     step_time_s: float
     mfu: float
     fits: bool
+    v: int = 1               # model chunks a rank holds: 1, or the interleaved schedule's v
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved" if self.v > 1 else ("1f1b" if self.num_microbatches >= self.p else "gpipe")
 
     @property
     def memory_bytes(self) -> float:
@@ -64,13 +71,22 @@ def _layer_bytes(cfg: GPTConfig, b: int, t: int, recompute: str, sp: bool) -> tu
 
 
 def plan_memory(cfg: GPTConfig, t: int, p: int, dp: int, micro_batch: int, num_microbatches: int,
-                zero: int = 0, recompute: str = "full", sequence_parallel: bool = False) -> tuple[float, float]:
-    """(model-state bytes, activation bytes) per GPU of the largest pipeline stage."""
+                zero: int = 0, recompute: str = "full", sequence_parallel: bool = False,
+                v: int = 1) -> tuple[float, float]:
+    """(model-state bytes, activation bytes) per GPU of the largest pipeline stage; ``v`` > 1:
+    the interleaved schedule with v chunks a rank (needs m a multiple of p)."""
     h, L = cfg.d_model, cfg.n_layer
+    if v > 1 and (p == 1 or L % (p * v)):
+        raise ValueError(f"v={v} chunks a rank needs pp_size={p} > 1 and v x p to divide n_layer={L}")
     stage_params = (L // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + cfg.seq_len) * h / t
     states = stage_params * _STATE_BYTES[zero](dp)
     kept, extra = _layer_bytes(cfg, micro_batch, t, recompute, sequence_parallel)
-    return states, min(p, num_microbatches) * (L // p) * kept + extra
+    m = num_microbatches
+    if v > 1:  # chunks of L / (v p) layers in flight on stage 0
+        layers = max_in_flight(p, m, "interleaved", v) * (L // p) / v
+    else:  # 1F1B, or GPipe's m when m < p
+        layers = max_in_flight(p, m, "1f1b" if m >= p else "gpipe") * (L // p)
+    return states, layers * kept + extra
 
 
 def _divisors(n: int) -> list[int]:
@@ -80,62 +96,81 @@ def _divisors(n: int) -> list[int]:
 def plan_parallelism(cfg: GPTConfig, gpu, n_gpus: int, gpus_per_node: int, global_batch: int, *,
                      dtype: str = "bf16", efficiency: float = 0.5, network_gbps: float = 25.0,
                      nvlink_gbps: float | None = None, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1),
-                     recompute=RECOMPUTE, sequence_parallel=(False, True), memory_fraction: float = 0.9,
-                     include_infeasible: bool = False) -> list[Plan]:
-    """Every (t, p, N_d, b, ZeRO, recomputation) that fits, fastest estimated step first.
+                     recompute=RECOMPUTE, sequence_parallel=(False, True), interleave=None,
+                     memory_fraction: float = 0.9, include_infeasible: bool = False) -> list[Plan]:
+    """Every (t, p, N_d, b, v, ZeRO, recomputation) that fits, fastest estimated step first.
 
-    t divides n_head and stays within a node; p divides n_layer; t p N_d = n_gpus; N_d b divides
-    the global batch. ``network_gbps``: GB/s per GPU across nodes, one direction (25: a 200 Gb/s
-    InfiniBand port per GPU); ``nvlink_gbps``: inside a node, one direction (default: half the
+    t divides n_head and gpus_per_node (a tensor group never straddles two nodes); p divides
+    n_layer; t p N_d = n_gpus; N_d b divides the global batch; ``interleave``: the chunks v a rank may hold (default 1 to 8), v > 1 when
+    p > 1, v p divides n_layer and m is a multiple of p. ``network_gbps``: GB/s per GPU across nodes, one direction
+    (25: a 200 Gb/s InfiniBand port per GPU); ``nvlink_gbps``: inside a node, one direction (default: half the
     table's total). A plan fits when its memory is at most ``memory_fraction`` of nvidia-smi's total.
     """
     g = get_gpu(gpu)
     for name, value in (("n_gpus", n_gpus), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
+    interleave = range(1, 9) if interleave is None else interleave
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in interleave):
+        raise ValueError(f"interleave={tuple(interleave)!r} must hold ints >= 1 (chunks a rank)")
     bad = set(recompute) - set(RECOMPUTE)
     if bad:
         raise ValueError(f"recompute={tuple(recompute)!r} may only hold {RECOMPUTE}")
     nvlink = g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps
     peak = peak_flops(g, dtype) * efficiency
-    s, h, L = cfg.seq_len, cfg.d_model, cfg.n_layer
+    L = cfg.n_layer
     plans = []
-    for t in (d for d in _divisors(cfg.n_head) if d <= gpus_per_node and n_gpus % d == 0):
+    for t in (d for d in _divisors(cfg.n_head) if gpus_per_node % d == 0 and n_gpus % d == 0):
         for p in (d for d in _divisors(L) if (n_gpus // t) % d == 0):
             dp = n_gpus // (t * p)
             for b in micro_batches:
                 if global_batch % (dp * b):
                     continue
                 m = global_batch // (dp * b)
-                bubble = bubble_fraction(p, m, "1f1b") if m >= p else bubble_fraction(p, m, "gpipe")
-                for rc in recompute:
-                    flops = training_flops(cfg, global_batch, recompute=rc == "full")
-                    if rc == "selective":  # the attention core's two matmuls, once more
-                        flops += L * 4 * global_batch * s * s * h
-                    compute = flops / (n_gpus * peak) / (1 - bubble)
-                    for sp in sequence_parallel:
-                        if sp and t == 1:
-                            continue
-                        msg = b * s * h * 2  # one (b, s, h) bf16 activation
-                        n_ar = (6 if rc == "full" else 4) * (L // p) * m
-                        tp_bytes = n_ar * 2 * (t - 1) / t * msg
-                        pp_bytes = 2 * m * msg / (t if sp else 1) if p > 1 else 0.0
-                        states_params = (L // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + s) * h / t
-                        dp_bytes = 2 * (dp - 1) / dp * states_params * 2
-                        comm = (tp_bytes / nvlink / 1e9
-                                + pp_bytes / (network_gbps if t * p > gpus_per_node else nvlink) / 1e9
-                                + dp_bytes / (network_gbps if n_gpus > gpus_per_node else nvlink) / 1e9)
-                        for z in zero_stages:
-                            if z and dp == 1:
-                                continue
-                            st, act = plan_memory(cfg, t, p, dp, b, m, z, rc, sp)
-                            fits = st + act <= memory_fraction * g.memory_bytes
-                            if not (fits or include_infeasible):
-                                continue
-                            time_s = compute + comm
-                            plans.append(Plan(t, p, dp, b, m, z, rc, sp, st, act, bubble,
-                                              {"tensor": tp_bytes, "pipeline": pp_bytes, "data": dp_bytes},
-                                              time_s, training_flops(cfg, global_batch) / (time_s * n_gpus
-                                                                                         * peak_flops(g, dtype)),
-                                              fits))
+                for v in (v for v in interleave if v == 1 or (p > 1 and L % (p * v) == 0 and m % p == 0)):
+                    plans += _plans_for(cfg, g, n_gpus, gpus_per_node, global_batch, t, p, dp, b, m, v, dtype,
+                                        peak, nvlink, network_gbps, recompute, sequence_parallel, zero_stages,
+                                        memory_fraction, include_infeasible)
     return sorted(plans, key=lambda pl: (pl.step_time_s, pl.memory_bytes))
+
+
+def _plans_for(cfg, g, n_gpus, gpus_per_node, global_batch, t, p, dp, b, m, v, dtype, peak, nvlink,
+               network_gbps, recompute, sequence_parallel, zero_stages, memory_fraction, include_infeasible):
+    """The plans of one (t, p, N_d, b, m, v): every recomputation, SP and ZeRO choice."""
+    s, h, L = cfg.seq_len, cfg.d_model, cfg.n_layer
+    plans = []
+    if v > 1:
+        bubble = bubble_fraction(p, m, "interleaved", v)
+    else:
+        bubble = bubble_fraction(p, m, "1f1b") if m >= p else bubble_fraction(p, m, "gpipe")
+    for rc in recompute:
+        flops = training_flops(cfg, global_batch, recompute=rc == "full")
+        if rc == "selective":  # the attention core's two matmuls, once more
+            flops += L * 4 * global_batch * s * s * h
+        compute = flops / (n_gpus * peak) / (1 - bubble)
+        for sp in sequence_parallel:
+            if sp and t == 1:
+                continue
+            msg = b * s * h * 2  # one (b, s, h) bf16 activation
+            n_ar = (6 if rc == "full" else 4) * (L // p) * m
+            tp_bytes = n_ar * 2 * (t - 1) / t * msg
+            pp_bytes = 2 * m * v * msg / (t if sp else 1) if p > 1 else 0.0
+            states_params = (L // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + s) * h / t
+            dp_bytes = 2 * (dp - 1) / dp * states_params * 2
+            comm = (tp_bytes / nvlink / 1e9
+                    + pp_bytes / (network_gbps if t * p > gpus_per_node else nvlink) / 1e9
+                    + dp_bytes / (network_gbps if n_gpus > gpus_per_node else nvlink) / 1e9)
+            for z in zero_stages:
+                if z and dp == 1:
+                    continue
+                st, act = plan_memory(cfg, t, p, dp, b, m, z, rc, sp, v)
+                fits = st + act <= memory_fraction * g.memory_bytes
+                if not (fits or include_infeasible):
+                    continue
+                time_s = compute + comm
+                plans.append(Plan(t, p, dp, b, m, z, rc, sp, st, act, bubble,
+                                  {"tensor": tp_bytes, "pipeline": pp_bytes, "data": dp_bytes},
+                                  time_s, training_flops(cfg, global_batch) / (time_s * n_gpus
+                                                                             * peak_flops(g, dtype)),
+                                  fits, v))
+    return plans

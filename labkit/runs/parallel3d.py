@@ -1,0 +1,138 @@
+"""Data x tensor x pipeline parallelism (Chapter 6): labkit's GPT trained on a (N_d, p, t) grid.
+
+The ranks form a ``DeviceMesh`` of shape (dp, pp, tp), tensor parallelism innermost (consecutive
+ranks: inside a node), the pipeline next, data parallelism outermost. Every rank builds the same
+seeded model, cuts its pipeline ranges, shards it over its "tp" group with
+:func:`labkit.tensor_parallel.apply_tensor_parallel` and keeps the chunks of its stage. A step:
+the replica's share of the global batch through the pipeline schedule (tensor-parallel
+collectives inside each chunk, sends between stages), the tied embedding's gradient summed
+between the two ends, sequence-parallel gradients summed over "tp", all gradients averaged over
+"dp", one SGD step. A degree of 1 leaves its axis out, so the 2-D pairs run through the same code.
+
+``parallel_3d_rank`` also trains the unsharded model in one process on the same batches and cuts
+its updated weights with the same sharding, so that each rank returns what it holds beside what
+it should hold.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+
+from ..collectives import all_reduce_mean_
+from ..model import build_model, get_preset
+from ..pipeline import split_stages
+from ..tensor_parallel import apply_tensor_parallel, sync_sequence_parallel_grads
+from .pipeline import make_batch, rank_device, train_pipeline
+
+__all__ = ["mesh_coords", "train_3d", "reference_train", "parallel_3d_rank"]
+
+
+def mesh_coords(rank: int, dp: int, pp: int, tp: int) -> tuple[int, int, int]:
+    """(data replica, pipeline stage, tensor rank) of a global rank on the (dp, pp, tp) mesh."""
+    for name, value in (("dp", dp), ("pp", pp), ("tp", tp)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    if not 0 <= rank < dp * pp * tp:
+        raise ValueError(f"rank={rank} is outside the dp x pp x tp = {dp * pp * tp} grid")
+    d, rest = divmod(rank, pp * tp)
+    return (d, *divmod(rest, tp))
+
+
+def _batches(cfg, global_batch: int, steps: int, seed: int):
+    """The step-k batch of every run here: ``make_batch`` with seed + k."""
+    return [make_batch(cfg, global_batch, seed + k) for k in range(steps)]
+
+
+def reference_train(cfg="tiny", global_batch: int = 8, steps: int = 2, seed: int = 0, lr: float = 0.1):
+    """One process, whole batches, ``steps`` SGD steps: (losses, the trained model)."""
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in _batches(cfg, global_batch, steps, seed):
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: str = "1f1b", m: int = 2,
+             v: int = 1, *, sequence_parallel: bool = False, steps: int = 2, cfg="tiny",
+             global_batch: int = 8, seed: int = 0, lr: float = 0.1) -> dict:
+    """Train ``steps`` SGD steps on the (dp, pp, tp) grid; this rank's view of it.
+
+    Returns {"coords" (d, stage, tp rank), "losses" (per step, the replica's m micro-batch losses;
+    on the last stage only), "params" {name: this rank's updated shard}, "model" (the sharded
+    model), "mesh", "ranges" (the pipeline's layer ranges)}.
+    """
+    if dp * tp * pp != world_size:
+        raise ValueError(f"dp={dp} x tp={tp} x pp={pp} must equal world_size={world_size}")
+    if global_batch % (dp * m):
+        raise ValueError(f"global_batch={global_batch} must split into dp={dp} replicas of m={m} micro-batches")
+    if sequence_parallel and tp == 1:
+        raise ValueError("sequence_parallel=True needs tp > 1")
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    dev = rank_device()
+    mesh = init_device_mesh(dev.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+    d, stage, r = mesh_coords(rank, dp, pp, tp)
+    pp_ranks = mesh.mesh[d, :, r].tolist()  # the global ranks of this rank's pipeline
+    tp_group, pp_group, dp_group = (mesh.get_group(n) for n in ("tp", "pp", "dp"))
+    torch.manual_seed(seed)
+    model = build_model(cfg).to(dev)
+    ranges = split_stages(model, pp, v=v)  # cut by the unsharded model's parameters
+    if tp > 1:
+        apply_tensor_parallel(model, tp_group, sequence_parallel)
+    rows = slice(d * global_batch // dp, (d + 1) * global_batch // dp)  # this replica's sequences
+    seq = cfg.seq_len // tp if sequence_parallel else cfg.seq_len  # what stages exchange
+    held = opt = None
+    losses = []
+    for x, y in _batches(cfg, global_batch, steps, seed):
+        model.zero_grad(set_to_none=True)
+        res = train_pipeline(stage, pp, schedule, m, v, cfg=cfg, group=pp_group, ranks=pp_ranks, model=model,
+                             batch=(x[rows].to(dev), y[rows].to(dev)), ranges=ranges, loss_fn=model.loss,
+                             act_shape=(global_batch // (dp * m), seq, cfg.d_model))
+        if sequence_parallel:
+            sync_sequence_parallel_grads(model, tp_group)
+        if held is None:  # the parameters of this stage: those that received a gradient
+            held = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
+            opt = torch.optim.SGD([p for _, p in held], lr=lr)
+        for _, p in held:
+            all_reduce_mean_(p.grad, dp, group=dp_group)
+        opt.step()
+        losses.append(res["losses"])
+    return {"coords": (d, stage, r), "losses": losses, "ranges": ranges, "model": model, "mesh": mesh,
+            "params": {n: p.detach().to("cpu", copy=True) for n, p in held}}
+
+
+def parallel_3d_rank(rank: int, world_size: int, cases=(), steps: int = 2, cfg="tiny", global_batch: int = 8,
+                     seed: int = 0, lr: float = 0.1) -> dict:
+    """Run each case (dp, tp, pp, schedule, m, v, sequence_parallel) with :func:`train_3d`.
+
+    Returns {case: {"coords", "losses", "params", "names", "want", "start", "ref_losses"}}:
+    ``names`` lists every parameter of the (sharded) model, held by this stage or not; ``want`` is
+    the one-process reference's updated weights and ``start`` its initial ones, both sharded like
+    ``params`` (same names); ``ref_losses`` its loss at each step.
+    """
+    torch.set_num_threads(1)  # tensors this small gain nothing from threads on a shared CPU
+    ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr)
+    _, start_model = reference_train(cfg, global_batch, 0, seed, lr)
+    out = {}
+    for case in cases:
+        dp, tp, pp, schedule, m, v, sp = case
+        res = train_3d(rank, world_size, dp, tp, pp, schedule, m, v, sequence_parallel=sp, steps=steps, cfg=cfg,
+                       global_batch=global_batch, seed=seed, lr=lr)
+        out[case] = {"coords": res["coords"], "losses": res["losses"], "params": res["params"],
+                     "ref_losses": ref_losses, "names": [n for n, _ in res["model"].named_parameters()]}
+        for key, full in (("want", ref_model), ("start", start_model)):
+            twin = copy.deepcopy(full)
+            if tp > 1:
+                apply_tensor_parallel(twin, res["mesh"].get_group("tp"), sp)
+            named = dict(twin.named_parameters())
+            out[case][key] = {n: named[n].detach().clone() for n in res["params"]}
+    return out
