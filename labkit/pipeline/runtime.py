@@ -3,8 +3,10 @@
 Each forward receives its input from the previous virtual stage (or takes the micro-batch, at
 stage 0), runs the chunk and sends the output on; each backward receives the output's gradient
 (or starts from the loss, at the last stage), runs autograd and sends the input's gradient back.
-Sends are asynchronous (``isend``) and awaited at the end of the step, receives block, so a rank
-idles exactly where the schedule makes it wait. Messages carry a tag per (kind, micro-batch,
+Sends are asynchronous and awaited at the end of the step, receives block, so a rank idles
+exactly where the schedule makes it wait. An action's sends are posted at the start of the next
+action, in one ``batch_isend_irecv`` with that action's receive: NCCL runs a batch's operations
+together, so two ranks that each send to the other before receiving cannot deadlock there. Messages carry a tag per (kind, micro-batch,
 stage); gloo matches by tag, NCCL by order, which agree except for interleaving on p = 2.
 Runs the same under ``torchrun`` with NCCL (tensors on the rank's GPU).
 """
@@ -55,6 +57,21 @@ class _SavedBytes:
         return t
 
 
+def _post(outbox: list, pending: list, recv=None):
+    """Issue the sends in ``outbox`` (emptied) and the receive ``recv`` (a ``P2POp`` or None) as one
+    batch; the sends' work joins ``pending``. Returns the receive's work (None without one)."""
+    ops = outbox + ([recv] if recv is not None else [])
+    outbox.clear()
+    if not ops:
+        return None
+    works = dist.batch_isend_irecv(ops)
+    if recv is None:
+        pending.extend(works)
+        return None
+    pending.extend(works[:-1])
+    return works[-1]  # NCCL may return one work for the whole batch: it covers the receive too
+
+
 def _tag(kind: str, mb: int, k: int, n_stages: int) -> int:
     return (mb * n_stages + k) * 2 + (kind == "B")
 
@@ -79,7 +96,7 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
         raise ValueError("act_shape=None: give the (B, T, C) shape of the activations stages exchange")
     m = 1 + max(a.mb for a in actions)
     scale = 1.0 / m if loss_scale is None else loss_scale
-    stash, losses, events, pending, saved = {}, {}, [], [], {}
+    stash, losses, events, pending, saved, outbox = {}, {}, [], [], {}, []
     peak = sent = live_bytes = peak_bytes = 0
     on_gpu = torch.device(device).type == "cuda"
 
@@ -94,9 +111,11 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
         if a.kind == "F":
             if k == 0:
                 x = inputs[a.mb]
+                _post(outbox, pending)
             else:
                 x = torch.empty(act_shape, dtype=act_dtype, device=device)
-                dist.recv(x, src=ranks[(k - 1) % p], group=group, tag=_tag("F", a.mb, k - 1, n_stages))
+                _post(outbox, pending, dist.P2POp(dist.irecv, x, ranks[(k - 1) % p], group,
+                                                  _tag("F", a.mb, k - 1, n_stages))).wait()
                 x.requires_grad_()
             start = now()
             counter = _SavedBytes(chunks)
@@ -110,8 +129,8 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
                 losses[a.mb] = loss.detach()
                 stash[(a.mb, a.chunk)] = (x, loss * scale)
             else:
-                pending.append(dist.isend(y.detach().contiguous(), dst=ranks[(k + 1) % p], group=group,
-                                          tag=_tag("F", a.mb, k, n_stages)))
+                outbox.append(dist.P2POp(dist.isend, y.detach().contiguous(), ranks[(k + 1) % p], group,
+                                         _tag("F", a.mb, k, n_stages)))
                 stash[(a.mb, a.chunk)] = (x, y)
                 sent += 1
             peak = max(peak, len(stash))
@@ -121,17 +140,21 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
             grad = None
             if k != last:
                 grad = torch.empty(y.shape, dtype=y.dtype, device=y.device)  # contiguous, whatever y is
-                dist.recv(grad, src=ranks[(k + 1) % p], group=group, tag=_tag("B", a.mb, k + 1, n_stages))
+                _post(outbox, pending, dist.P2POp(dist.irecv, grad, ranks[(k + 1) % p], group,
+                                                  _tag("B", a.mb, k + 1, n_stages))).wait()
+            else:
+                _post(outbox, pending)
             start = now()
             torch.autograd.backward(y, grad)
             if k > 0:
-                pending.append(dist.isend(x.grad.contiguous(), dst=ranks[(k - 1) % p], group=group,
-                                          tag=_tag("B", a.mb, k, n_stages)))
+                outbox.append(dist.P2POp(dist.isend, x.grad.contiguous(), ranks[(k - 1) % p], group,
+                                         _tag("B", a.mb, k, n_stages)))
                 sent += 1
             del x, y, grad
         else:
             raise ValueError(f"action {a!r} has kind={a.kind!r}; valid kinds are 'F' and 'B'")
         events.append((a, start - t0, now() - t0))
+    _post(outbox, pending)
     for work in pending:
         work.wait()
     if stash:
