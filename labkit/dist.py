@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_leaves
 
 from .validate import check_int
 
-__all__ = ["launch", "free_port", "init_from_env", "DistributedError", "CommCounter", "CommStats"]
+__all__ = ["launch", "free_port", "init_from_env", "rank_device", "DistributedError", "CommCounter", "CommStats"]
 
 
 class DistributedError(RuntimeError):
@@ -44,6 +44,13 @@ def free_port() -> int:
 
 def _default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def rank_device() -> torch.device:
+    """This rank's device: its GPU when the process group is NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def init_from_env(backend: str | None = None, timeout_s: float = 30.0) -> tuple[int, int]:

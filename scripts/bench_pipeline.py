@@ -7,11 +7,12 @@ labkit's runtime against torch.distributed.pipelining.
     python scripts/bench_pipeline.py --backend nccl    # one rank per GPU (needs --pp-size GPUs)
 
 Part 1 runs a synthetic workload whose stages sleep a set time (forward --forward-ms, 30 ms by
-default, backward twice that), so the bubble is the schedule's and not the machine's, for GPipe, 1F1B and interleaved 1F1B
-(v = 2) over m, and prints the recorded bubble (least disturbed of three runs) beside
-(p - 1)/(m + p - 1) or (p - 1)/(v m + p - 1). Part 2 trains the tiny GPT one step per schedule
-(tiny, 2p layers) with labkit's runtime and with ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B on the
-same split, and prints the ratio of step times (the fastest of --steps, slowest rank).
+default, backward twice that), so the bubble is the schedule's and not the machine's, for GPipe,
+1F1B and interleaved 1F1B (v = 2) over m, and prints the recorded bubble (least disturbed of three
+runs) beside (p - 1)/(m + p - 1) or (p - 1)/(v m + p - 1). Part 2 trains the tiny GPT (2p layers)
+one step per schedule with labkit's runtime and with ScheduleGPipe, Schedule1F1B and
+ScheduleInterleaved1F1B on the same split, and prints the ratio of step times (the fastest of
+--steps, slowest rank).
 With --backend nccl the same runtime runs with each rank on its own GPU (the model, the batches
 and the messages on CUDA; the recorded times wait for the GPU to finish).
 """

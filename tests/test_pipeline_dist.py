@@ -37,8 +37,9 @@ GLOO = dict(backend="gloo", timeout_s=120, join_timeout_s=600)  # a loaded 2-cor
 @pytest.fixture(scope="module")
 def runs():
     out = {2: launch(pipeline_rank, 2, cases=CASES[2], torch_cases=CASES[2], global_batch=BATCH, **GLOO)}
-    out[4] = launch(pipeline_and_grid, 4, dict(cases=CASES[4], sleep_cases=SLEEP, global_batch=BATCH,
-                                               sleep_repeats=3, sleep_costs=SLEEP_COSTS), dict(cases=GRID[4], global_batch=BATCH), **GLOO)
+    pipeline_kw = dict(cases=CASES[4], sleep_cases=SLEEP, global_batch=BATCH, sleep_repeats=3,
+                       sleep_costs=SLEEP_COSTS)
+    out[4] = launch(pipeline_and_grid, 4, pipeline_kw, dict(cases=GRID[4], global_batch=BATCH), **GLOO)
     out[8] = launch(parallel_3d_rank, 8, cases=GRID[8], global_batch=BATCH, **GLOO)
     return out
 

@@ -6,8 +6,9 @@ stage 0), runs the chunk and sends the output on; each backward receives the out
 Sends are asynchronous and awaited at the end of the step, receives block, so a rank idles
 exactly where the schedule makes it wait. An action's sends are posted at the start of the next
 action, in one ``batch_isend_irecv`` with that action's receive: NCCL runs a batch's operations
-together, so two ranks that each send to the other before receiving cannot deadlock there. Messages carry a tag per (kind, micro-batch,
-stage); gloo matches by tag, NCCL by order, which agree except for interleaving on p = 2.
+together, so two ranks that each send to the other before receiving cannot deadlock there.
+Messages carry a tag per (kind, micro-batch, stage); gloo matches by tag, NCCL by order, which
+agree except for interleaving on p = 2.
 Runs the same under ``torchrun`` with NCCL (tensors on the rank's GPU).
 """
 
@@ -30,15 +31,13 @@ class PipelineResult:
     [(action, start, end)] in seconds from the step's start, ``peak_live`` the most
     (micro-batch, chunk) activations the rank held at once, ``peak_saved_bytes`` the most bytes
     autograd held saved for backward at once (parameters and buffers excluded), ``sent`` the
-    messages it sent, ``t0`` the step's start on ``time.perf_counter``'s clock (one clock for all
-    processes of a Linux machine: add it to align the ranks' events)."""
+    messages it sent."""
 
     losses: list
     events: list
     peak_live: int
     peak_saved_bytes: int
     sent: int
-    t0: float = 0.0
 
 
 class _SavedBytes:
@@ -159,7 +158,7 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
         work.wait()
     if stash:
         raise ValueError(f"schedule left forwards without their backward: {sorted(stash)}")
-    return PipelineResult([losses[i].item() for i in sorted(losses)], events, peak, peak_bytes, sent, t0)
+    return PipelineResult([losses[i].item() for i in sorted(losses)], events, peak, peak_bytes, sent)
 
 
 @torch.no_grad()

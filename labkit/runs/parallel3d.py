@@ -22,10 +22,12 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..collectives import all_reduce_mean_
+from ..dist import rank_device
 from ..model import build_model, get_preset
 from ..pipeline import split_stages
 from ..tensor_parallel import apply_tensor_parallel, sync_sequence_parallel_grads
-from .pipeline import make_batch, rank_device, train_pipeline
+from ..validate import check_int
+from .pipeline import make_batch, train_pipeline
 
 __all__ = ["mesh_coords", "train_3d", "reference_train", "parallel_3d_rank"]
 
@@ -33,8 +35,7 @@ __all__ = ["mesh_coords", "train_3d", "reference_train", "parallel_3d_rank"]
 def mesh_coords(rank: int, dp: int, pp: int, tp: int) -> tuple[int, int, int]:
     """(data replica, pipeline stage, tensor rank) of a global rank on the (dp, pp, tp) mesh."""
     for name, value in (("dp", dp), ("pp", pp), ("tp", tp)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an int >= 1")
+        check_int(name, value, 1)
     if not 0 <= rank < dp * pp * tp:
         raise ValueError(f"rank={rank} is outside the dp x pp x tp = {dp * pp * tp} grid")
     d, rest = divmod(rank, pp * tp)

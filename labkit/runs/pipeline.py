@@ -12,20 +12,12 @@ import time
 
 import torch
 
+from ..dist import rank_device
 from ..model import GPT, GPTConfig, build_model, get_preset
 from ..pipeline import build_chunks, exchange_tied_grad, make_schedule, run_schedule, split_stages
 
-__all__ = ["make_batch", "reference_grads", "rank_device", "train_pipeline", "torch_pipelining_losses",
+__all__ = ["make_batch", "reference_grads", "train_pipeline", "torch_pipelining_losses",
            "sleep_pipeline", "pipeline_rank", "bench_rank", "SleepChunk"]
-
-
-def rank_device() -> torch.device:
-    """This rank's device: its GPU when the process group is NCCL, else the CPU."""
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def make_batch(cfg: GPTConfig, global_batch: int, seed: int = 0):
@@ -152,7 +144,7 @@ def sleep_pipeline(rank, pp_size, schedule, m, v=1, fwd_s=0.02, bwd_s=0.04):
     dist.barrier()  # start together: the step's clock starts here on every rank
     res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=inputs, targets=[None] * m,
                        loss_fn=_sum_loss, act_shape=(1, 4), device=dev)
-    return {"events": res.events, "peak_live": res.peak_live, "t0": res.t0}
+    return {"events": res.events, "peak_live": res.peak_live}
 
 
 def _connect_ring(rank, world_size):

@@ -12,8 +12,8 @@ The embedding's and logits' activations are left out. Step time, a stated model:
 the step's matmul FLOPs / (GPUs x peak x ``efficiency``), stretched by the bubble; plus tensor
 all-reduces (4 a layer per micro-batch, 6 with full recomputation, ring 2(t-1)/t of b s h
 2-byte elements) on NVLink when t fits in a node, pipeline sends b s h (/t with SP) on the
-network when the pipeline spans nodes (v times as many with interleaving), and the gradient all-reduce over N_d on the network;
-none of it overlapped with compute.
+network when the pipeline spans nodes (v times as many with interleaving), and the gradient
+all-reduce over N_d on the network; none of it overlapped with compute.
 """
 
 from __future__ import annotations
@@ -51,11 +51,16 @@ class Plan:
 
     @property
     def schedule(self) -> str:
-        return "interleaved" if self.v > 1 else ("1f1b" if self.num_microbatches >= self.p else "gpipe")
+        return _schedule(self.p, self.num_microbatches, self.v)
 
     @property
     def memory_bytes(self) -> float:
         return self.states_bytes + self.activation_bytes
+
+
+def _schedule(p: int, m: int, v: int) -> str:
+    """The schedule a plan assumes: interleaved with v > 1 chunks, else 1F1B, or GPipe when m < p."""
+    return "interleaved" if v > 1 else ("1f1b" if m >= p else "gpipe")
 
 
 def _layer_bytes(cfg: GPTConfig, b: int, t: int, recompute: str, sp: bool) -> tuple[float, float]:
@@ -82,10 +87,8 @@ def plan_memory(cfg: GPTConfig, t: int, p: int, dp: int, micro_batch: int, num_m
     states = stage_params * _STATE_BYTES[zero](dp)
     kept, extra = _layer_bytes(cfg, micro_batch, t, recompute, sequence_parallel)
     m = num_microbatches
-    if v > 1:  # chunks of L / (v p) layers in flight on stage 0
-        layers = max_in_flight(p, m, "interleaved", v) * (L // p) / v
-    else:  # 1F1B, or GPipe's m when m < p
-        layers = max_in_flight(p, m, "1f1b" if m >= p else "gpipe") * (L // p)
+    # stage 0 holds max_in_flight chunks of L / (v p) layers each
+    layers = max_in_flight(p, m, _schedule(p, m, v), v) * (L // p) / v
     return states, layers * kept + extra
 
 
@@ -101,10 +104,11 @@ def plan_parallelism(cfg: GPTConfig, gpu, n_gpus: int, gpus_per_node: int, globa
     """Every (t, p, N_d, b, v, ZeRO, recomputation) that fits, fastest estimated step first.
 
     t divides n_head and gpus_per_node (a tensor group never straddles two nodes); p divides
-    n_layer; t p N_d = n_gpus; N_d b divides the global batch; ``interleave``: the chunks v a rank may hold (default 1 to 8), v > 1 when
-    p > 1, v p divides n_layer and m is a multiple of p. ``network_gbps``: GB/s per GPU across nodes, one direction
-    (25: a 200 Gb/s InfiniBand port per GPU); ``nvlink_gbps``: inside a node, one direction (default: half the
-    table's total). A plan fits when its memory is at most ``memory_fraction`` of nvidia-smi's total.
+    n_layer; t p N_d = n_gpus; N_d b divides the global batch; ``interleave``: the chunks v a rank
+    may hold (default 1 to 8), v > 1 when p > 1, v p divides n_layer and m is a multiple of p.
+    ``network_gbps``: GB/s per GPU across nodes, one direction (25: a 200 Gb/s InfiniBand port per
+    GPU); ``nvlink_gbps``: inside a node, one direction (default: half the table's total). A plan
+    fits when its memory is at most ``memory_fraction`` of nvidia-smi's total.
     """
     g = get_gpu(gpu)
     for name, value in (("n_gpus", n_gpus), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch)):
@@ -139,10 +143,7 @@ def _plans_for(cfg, g, n_gpus, gpus_per_node, global_batch, t, p, dp, b, m, v, d
     """The plans of one (t, p, N_d, b, m, v): every recomputation, SP and ZeRO choice."""
     s, h, L = cfg.seq_len, cfg.d_model, cfg.n_layer
     plans = []
-    if v > 1:
-        bubble = bubble_fraction(p, m, "interleaved", v)
-    else:
-        bubble = bubble_fraction(p, m, "1f1b") if m >= p else bubble_fraction(p, m, "gpipe")
+    bubble = bubble_fraction(p, m, _schedule(p, m, v), v)
     for rc in recompute:
         flops = training_flops(cfg, global_batch, recompute=rc == "full")
         if rc == "selective":  # the attention core's two matmuls, once more

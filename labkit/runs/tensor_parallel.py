@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ..checkpoint import apply_checkpointing
 from ..data import get_batch, load_corpus
-from ..dist import CommCounter
+from ..dist import CommCounter, rank_device
 from ..memory import MemoryMeter
 from ..model import build_model
 from ..tensor_parallel import RECOMPUTE, apply_tensor_parallel, sync_sequence_parallel_grads
@@ -27,10 +27,6 @@ from ..zero import ShardedOptimizer
 
 __all__ = ["tp_rank", "tp_zero1_rank", "bench_rank", "apply_dtensor_tp", "dtensor_forward", "make_batch",
            "reference_step", "sharded_like"]
-
-
-def _device():
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def make_batch(cfg, batch_size: int, seed: int = 0, device="cpu"):
@@ -163,7 +159,7 @@ def tp_rank(rank, world_size, cfg, batch_size=2, tp_sizes=None, dtensor=True, re
     logits, loss and gradients against the unsharded model, collectives counted, DTensor's
     logits and loss, and (on rank 0, whose shards are the size of every rank's) activation and
     parameter bytes measured per recomputation policy; a dict."""
-    dev = _device()
+    dev = rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(1)  # several ranks share a few cores: one thread each is faster
     x, y = make_batch(cfg, batch_size, device=dev)
@@ -222,7 +218,7 @@ def _timed(step, n, dev):
 
 def bench_rank(rank, world_size, cfg, batch_size=2, tp_sizes=(1, 2, 4), steps=5, sequence_parallel=False):
     """Step time (best of ``steps``) and bytes sent per rank, labkit's TP and DTensor's, per t."""
-    dev = _device()
+    dev = rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(max(os.cpu_count() // world_size, 1))  # the ranks share the cores
     x, y = make_batch(cfg, batch_size, device=dev)
@@ -257,7 +253,7 @@ def tp_zero1_rank(rank, world_size, cfg, batch_size=4, steps=3, lr=3e-3, dp_size
     Each data-parallel rank trains on its rows of the global batch; returns per-rank losses and
     the (max |ours - one process|, max |one process|) of every parameter shard at the end.
     """
-    dev = _device()
+    dev = rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(1)
     tp_size = world_size // dp_size

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from ..data import get_batch, load_corpus
-from ..dist import CommCounter
+from ..dist import CommCounter, rank_device
 from ..memory.meter import MemoryMeter, optimizer_tensors, train_step
 from ..model import Block, build_model, count_params
 from ..validate import check_int
@@ -208,11 +207,11 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
     if global_batch % world_size:
         raise ValueError(f"global_batch={global_batch} must be divisible by world_size={world_size}")
     torch.set_num_threads(threads)
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # gloo ranks compute on the CPU
+    device = rank_device()  # gloo ranks compute on the CPU
     mesh = None
     if any(k.startswith("fsdp2") for k in kinds):
         from torch.distributed.device_mesh import init_device_mesh
-        mesh = init_device_mesh(device, (world_size,))
+        mesh = init_device_mesh(device.type, (world_size,))
     save_dirs = checkpoint_dirs("save", save["dir"]) if save else {}
     resume_dirs = checkpoint_dirs("resume", resume) if resume else {}
     if any(k not in kinds for k in save_dirs):
