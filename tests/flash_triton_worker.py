@@ -42,7 +42,12 @@ for dtype in (torch.float32, torch.float16):
             ref = errors.pop("fp64")
             results.append({
                 "case": f"{str(dtype)[6:]} causal={causal} s_q={s_q} s_k={s_k} d={d}",
+                # max |x - ref| of out, L, dq, dk, dv; and the relative error ||x - ref|| / ||ref||
                 "err": {n: [(a - b).abs().max().item() for a, b in zip(v, ref)] for n, v in errors.items()},
+                "rel": {n: [((a - b).norm() / b.norm()).item() for a, b in zip(v, ref)]
+                        for n, v in errors.items()},
+                # the relative rounding of the reference's values to the dtype: the slack of the rule
+                "round": [((b.to(dtype).double() - b).norm() / b.norm()).item() for b in ref],
             })
 print(json.dumps({"triton_at_import": triton_at_import, "device": device,
                   "interpreted": os.environ.get("TRITON_INTERPRET") == "1", "results": results}))

@@ -113,7 +113,7 @@ def test_every_chapter_has_a_figure(chapter):
     """A chapter teaches with at least one figure: a figure file or one glued from its lab."""
     text = (ROOT / "chapters" / f"{chapter}.md").read_text(encoding="utf-8")
     figures = re.findall(r"^(?:```+|:::+)\{figure\} (\S+)", text, re.M)
-    glued = re.findall(r"^(?:```+|:::+)\{glue(?::figure)?\} \w+", text, re.M)
+    glued = re.findall(r"^(?:```+|:::+)\{(?:glue(?::figure)?|glued-figure)\} \w+", text, re.M)
     assert figures or glued, f"{chapter}.md has no figure"
     for path in figures:
         assert (ROOT / "chapters" / path).is_file(), f"{chapter}.md: {path} does not exist"

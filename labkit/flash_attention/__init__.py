@@ -6,12 +6,21 @@ the same as Triton kernels (:class:`FlashAttentionTriton`, imported on first use
 imports without Triton); ``analytic``: HBM accesses and FLOPs; ``apply``: the GPT's core swapped.
 """
 
-from .analytic import AttentionCost, attention_flops, flash_block_size, hbm_accesses  # noqa: F401
-from .apply import IMPLS, FlashAttentionCore, apply_flash_attention  # noqa: F401
-from .reference import causal_mask, check_inputs, standard_attention  # noqa: F401
-from .tiled import FlashAttention, IOCounter, flash_attention  # noqa: F401
+from .analytic import (TILES, AttentionCost, attention_flops, flash_block_size, hbm_accesses,
+                       paper_block_sizes)
+from .apply import IMPLS, FlashAttentionCore, apply_flash_attention
+from .reference import causal_mask, check_inputs, standard_attention
+from .tiled import FlashAttention, IOCounter, flash_attention
 
+# Reached as attributes (module __getattr__ below), not listed in __all__: a star import must
+# not need Triton.
 _LAZY = ("FlashAttentionTriton", "flash_attention_triton")
+
+__all__ = [
+    "IMPLS", "TILES", "AttentionCost", "FlashAttention", "FlashAttentionCore", "IOCounter",
+    "apply_flash_attention", "attention_flops", "causal_mask", "check_inputs", "flash_attention",
+    "flash_block_size", "hbm_accesses", "paper_block_sizes", "standard_attention",
+]
 
 
 def __getattr__(name):

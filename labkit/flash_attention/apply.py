@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..validate import check_choice, check_int
 from .tiled import flash_attention
 
 __all__ = ["IMPLS", "FlashAttentionCore", "apply_flash_attention"]
@@ -23,8 +24,9 @@ class FlashAttentionCore(nn.Module):
 
     def __init__(self, impl: str = "pytorch", dropout: float = 0.0, block_q: int = 64, block_k: int = 64):
         super().__init__()
-        if impl not in IMPLS:
-            raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
+        check_choice("impl", impl, IMPLS)
+        check_int("block_q", block_q, minimum=1)
+        check_int("block_k", block_k, minimum=1)
         self.impl, self.dropout, self.block_q, self.block_k = impl, dropout, block_q, block_k
 
     def forward(self, q, k, v):
@@ -45,8 +47,9 @@ class FlashAttentionCore(nn.Module):
 def apply_flash_attention(model: nn.Module, impl: str = "pytorch", *, block_q: int = 64,
                           block_k: int = 64) -> nn.Module:
     """Replace the attention core of every block of ``model`` (a labkit GPT) in place; returns it."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
+    check_choice("impl", impl, IMPLS)
+    check_int("block_q", block_q, minimum=1)
+    check_int("block_k", block_k, minimum=1)
     blocks = getattr(model, "blocks", None)
     if blocks is None:
         raise ValueError(f"model ({type(model).__name__}) has no .blocks: expected a labkit GPT")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..validate import check_int
 from .reference import check_inputs
 
 __all__ = ["FlashAttention", "IOCounter", "flash_attention"]
@@ -55,9 +56,8 @@ def _compute_dtype(dtype):
 
 
 def _check_blocks(block_q, block_k):
-    for name, value in (("block_q", block_q), ("block_k", block_k)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name}={value!r} must be a positive int")
+    check_int("block_q", block_q, minimum=1)
+    check_int("block_k", block_k, minimum=1)
 
 
 class FlashAttention(torch.autograd.Function):

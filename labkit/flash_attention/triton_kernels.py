@@ -5,6 +5,9 @@ under Triton's interpreter, which needs ``TRITON_INTERPRET=1`` in the environmen
 is first imported. One program per row block (forward) or key block (backward), the paper's
 grid; exp2 with log2(e) folded into the scale, fp32 accumulators, dQ by atomic adds in fp32
 (Dao 2023, Algorithm 2). Same contract and masks as :class:`labkit.flash_attention.FlashAttention`.
+Precision is explicit: ``tl.dot`` rounds fp32 inputs to TF32 by default, so fp32 inputs multiply
+in full fp32 here (``input_precision="ieee"``), as PyTorch's fp32 matmuls do by default; 16-bit
+inputs use the tensor cores, with P rounded to the inputs' dtype before P V.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ except ImportError as err:  # pragma: no cover - triton ships with torch on Linu
     raise ImportError("labkit.flash_attention.triton_kernels needs the triton package "
                       "(pip install triton)") from err
 
-__all__ = ["FlashAttentionTriton", "flash_attention_triton", "interpreted"]
+__all__ = ["FlashAttentionTriton", "dot_precision", "flash_attention_triton", "interpreted"]
 
 LOG2E = 1.4426950408889634
 
@@ -35,7 +38,8 @@ def interpreted() -> bool:
 
 @triton.jit
 def _fwd_kernel(Q, K, V, O, L, s_q, s_k, offset, qk_scale, D: tl.constexpr, CAUSAL: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                DOT: tl.constexpr):
     """Algorithm 1 for one row block of one (batch, head): running m and l in base 2."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -54,7 +58,7 @@ def _fwd_kernel(Q, K, V, O, L, s_q, s_k, offset, qk_scale, D: tl.constexpr, CAUS
         cols = j0 + cols0
         kv_mask = (cols < s_k)[:, None] & dim_ok[None, :]
         k = tl.load(K + cols[:, None] * D + dims[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
+        s = tl.dot(q, tl.trans(k), input_precision=DOT) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
         ok = (cols < s_k)[None, :]
         if CAUSAL:
             ok = ok & (cols[None, :] <= rows[:, None] + offset)
@@ -64,7 +68,7 @@ def _fwd_kernel(Q, K, V, O, L, s_q, s_k, offset, qk_scale, D: tl.constexpr, CAUS
         alpha = tl.exp2(m - m_new)
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(V + cols[:, None] * D + dims[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT)
         m = m_new
     acc = acc / l[:, None]
     tl.store(O + rows[:, None] * D + dims[None, :], acc.to(O.dtype.element_ty),
@@ -86,7 +90,8 @@ def _bwd_preprocess(O, DO, Delta, s_q, D: tl.constexpr, BLOCK_M: tl.constexpr, B
 
 @triton.jit
 def _bwd_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV, s_q, s_k, offset, scale, D: tl.constexpr,
-                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                DOT: tl.constexpr):
     """Algorithm 2 for one key block: dK_j, dV_j in registers, dQ_i by atomic adds."""
     pid_n, bh = tl.program_id(0), tl.program_id(1)
     cols, dims, rows0 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_M)
@@ -109,16 +114,16 @@ def _bwd_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV, s_q, s_k, offset, scale, D: t
         do = tl.load(DO + rows[:, None] * D + dims[None, :], mask=q_mask, other=0.0)
         lse = tl.load(L + rows, mask=rows < s_q, other=0.0)
         delta = tl.load(Delta + rows, mask=rows < s_q, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * (scale * 1.4426950408889634)  # recomputed, log2 units
+        s = tl.dot(q, tl.trans(k), input_precision=DOT) * (scale * 1.4426950408889634)  # recomputed, log2 units
         ok = (rows < s_q)[:, None] & col_ok[None, :]
         if CAUSAL:
             ok = ok & (cols[None, :] <= rows[:, None] + offset)
         p = tl.where(ok, tl.exp2(s - lse[:, None] * 1.4426950408889634), 0.0)  # (BLOCK_M, BLOCK_N)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-        dp = tl.dot(do, tl.trans(v))
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT)
         ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
-        dq = tl.dot(ds.to(k.dtype), k) * scale
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT)
+        dq = tl.dot(ds.to(k.dtype), k, input_precision=DOT) * scale
         tl.atomic_add(DQ + rows[:, None] * D + dims[None, :], dq, mask=q_mask)
     tl.store(DK + cols[:, None] * D + dims[None, :], (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + cols[:, None] * D + dims[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
@@ -131,6 +136,12 @@ def _config(d: int):
         return 16, 16, block_d, 1, 1
     block_n = 64 if block_d <= 64 else 32
     return 128, block_n, block_d, 4 if block_d <= 64 else 8, 3
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of every ``tl.dot``: "ieee" (full fp32) for fp32 inputs, where Triton's
+    default would be TF32 (10-bit mantissas); for 16-bit inputs it changes nothing."""
+    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _check_runnable(q):
@@ -156,7 +167,8 @@ class FlashAttentionTriton(torch.autograd.Function):
         BM, BN, BD, warps, stages = _config(d)
         _fwd_kernel[(triton.cdiv(s_q, BM), bh)](
             q3, k3, v3, out, lse, s_q, s_k, s_k - s_q, LOG2E / math.sqrt(d), D=d, CAUSAL=causal,
-            BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, num_warps=warps, num_stages=stages)
+            BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, DOT=dot_precision(q.dtype), num_warps=warps,
+            num_stages=stages)
         ctx.save_for_backward(q3, k3, v3, out, lse)
         ctx.causal, ctx.lead = causal, lead
         out, lse = out.view(*lead, s_q, d), lse.view(*lead, s_q)
@@ -176,7 +188,8 @@ class FlashAttentionTriton(torch.autograd.Function):
         dk, dv = torch.empty_like(k3), torch.empty_like(v3)
         _bwd_kernel[(triton.cdiv(s_k, BN), bh)](
             q3, k3, v3, do, lse, delta, dq, dk, dv, s_q, s_k, s_k - s_q, 1.0 / math.sqrt(d), D=d,
-            CAUSAL=ctx.causal, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, num_warps=warps, num_stages=stages)
+            CAUSAL=ctx.causal, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, DOT=dot_precision(q3.dtype),
+            num_warps=warps, num_stages=stages)
         shape_q, shape_k = (*ctx.lead, s_q, d), (*ctx.lead, s_k, d)
         return dq.to(q3.dtype).view(shape_q), dk.view(shape_k), dv.view(shape_k), None
 

@@ -1,0 +1,58 @@
+"""Sphinx extension: a numbered figure, in a chapter, around a figure a lab glued.
+
+myst-nb's ``{glue:figure}`` reads a key of its own notebook only, and ``{glue}`` with ``:doc:``
+reads one from a lab but makes no figure, so it gets no number and ``{numref}`` cannot name it.
+This directive makes the figure at read time (numbered like any other) and lets myst-nb put the
+lab's image into it when it resolves the reference::
+
+    ```{glued-figure} fa_tiles_fig
+    :doc: ../labs/07_flash_attention.ipynb
+    :name: fig-fa-tiles
+
+    The caption: one paragraph.
+    ```
+"""
+
+from __future__ import annotations
+
+from docutils import nodes
+from docutils.parsers.rst import directives
+from myst_nb.ext.glue.utils import PendingGlueReferenceError, create_pending_glue_ref
+from sphinx.application import Sphinx
+from sphinx.util.docutils import SphinxDirective
+
+
+class GluedFigure(SphinxDirective):
+    """``{glued-figure} key`` with ``:doc:`` (the lab), ``:name:`` and a one-paragraph caption."""
+
+    required_arguments = 1
+    final_argument_whitespace = True
+    has_content = True
+    option_spec = {"doc": directives.unchanged_required, "name": directives.unchanged,
+                   "width": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        if "doc" not in self.options:
+            raise self.error("glued-figure needs :doc:, the lab that glued the figure")
+        source, line = self.get_source_info()
+        try:
+            image = create_pending_glue_ref(self.state.document, source, line,
+                                            self.options["doc"], self.arguments[0])
+        except PendingGlueReferenceError as exc:
+            raise self.error(str(exc)) from exc
+        holder = nodes.Element()
+        self.state.nested_parse(self.content, self.content_offset, holder)
+        if len(holder.children) != 1 or not isinstance(holder[0], nodes.paragraph):
+            raise self.error("glued-figure's content must be one paragraph: the caption")
+        caption = nodes.caption(holder[0].rawsource, "", *holder[0].children)
+        figure = nodes.figure("", image, caption)
+        if "width" in self.options:
+            figure["width"] = self.options["width"]
+        self.set_source_info(figure)
+        self.add_name(figure)
+        return [figure]
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_directive("glued-figure", GluedFigure)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
