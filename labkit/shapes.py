@@ -1,0 +1,186 @@
+"""Published model shapes, torch-free: GPT-2's block and the Llama family, with exact parameter counts.
+
+A :class:`ModelShape` is what a memory estimate needs to know of a model: L = ``n_layer``, h =
+``d_model``, a = ``n_head``, n_kv = ``n_kv_head`` (grouped-query attention when n_kv < a), the MLP
+width ``d_ff``, V = ``vocab_size``, s = ``seq_len``, and the block's kind (LayerNorm or RMSNorm,
+GELU or SwiGLU MLP, learned or rotary positions, tied or untied embeddings, biases or none).
+:mod:`labkit.model` builds runnable ``GPTConfig`` s from the same presets; this module imports
+no torch, so the estimator and the calculators in the book read it anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from .validate import check_choice, check_int
+
+__all__ = ["ModelShape", "PRESETS", "preset", "HF_CONFIG_FIELDS"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a decoder-only transformer in the course's notation (see the module docstring)."""
+
+    n_layer: int
+    d_model: int
+    n_head: int
+    vocab_size: int
+    seq_len: int
+    n_kv_head: int | None = None  # None: multi-head attention (n_kv_head = n_head)
+    d_ff: int | None = None  # None: 4 h, GPT-2's MLP
+    norm: str = "layernorm"
+    mlp: str = "gelu"
+    pos: str = "learned"
+    tie_embeddings: bool = True
+    bias: bool = True
+    sliding_window: int | None = None  # keys a query sees at most (Mistral's window); None: all
+    n_positions: int | None = None  # rows of a learned position table, if not seq_len (OPT: s + 2)
+
+    def __post_init__(self):
+        for name in ("n_layer", "d_model", "n_head", "vocab_size", "seq_len"):
+            check_int(name, getattr(self, name), 1)
+        for name in ("n_kv_head", "d_ff", "sliding_window", "n_positions"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 1)
+        check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
+        check_choice("mlp", self.mlp, ("gelu", "swiglu"))
+        check_choice("pos", self.pos, ("learned", "rope"))
+        for name in ("tie_embeddings", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
+        if self.d_model % self.n_head:
+            raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """n_kv: key-value heads (n_head for multi-head attention)."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def ffn_dim(self) -> int:
+        """The MLP's inner width: ``d_ff``, or 4 h for GPT-2's block."""
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
+    def layer_params(self) -> int:
+        """Parameters of one block: attention, MLP and two norms."""
+        h, hd, a, kv, f = self.d_model, self.head_dim, self.n_head, self.kv_heads, self.ffn_dim
+        attn = h * a * hd + 2 * h * kv * hd + a * hd * h  # W_q, W_k, W_v, W_o
+        mlp = (3 if self.mlp == "swiglu" else 2) * h * f  # gate, up, down (SwiGLU) or up, down
+        if self.bias:
+            attn += a * hd + 2 * kv * hd + h
+            mlp += (2 * f if self.mlp == "swiglu" else f) + h
+        return attn + mlp + 2 * self.norm_params()
+
+    def norm_params(self) -> int:
+        """Parameters of one norm: a scale (RMSNorm), or a scale and a shift (LayerNorm with bias)."""
+        return self.d_model * (2 if self.norm == "layernorm" and self.bias else 1)
+
+    def embedding_params(self) -> int:
+        """Token embedding, learned position table, and an untied output head."""
+        h, V = self.d_model, self.vocab_size
+        positions = (self.n_positions or self.seq_len) * h if self.pos == "learned" else 0
+        return V * h * (1 if self.tie_embeddings else 2) + positions
+
+    def num_params(self) -> int:
+        """Exact parameter count Ψ (tied embeddings counted once)."""
+        return self.embedding_params() + self.n_layer * self.layer_params() + self.norm_params()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def replace(self, **changes) -> "ModelShape":
+        """A copy with fields replaced (validated again)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(f"unknown ModelShape fields {sorted(unknown)}; valid: {[f.name for f in fields(self)]}")
+        return replace(self, **changes)
+
+    @classmethod
+    def from_preset(cls, name: str) -> "ModelShape":
+        return preset(name)
+
+    @classmethod
+    def from_config(cls, cfg) -> "ModelShape":
+        """The shape of a ``labkit.model.GPTConfig`` (or any object with the same field names)."""
+        names = [f.name for f in fields(cls)]
+        return cls(**{n: getattr(cfg, n) for n in names if hasattr(cfg, n)})
+
+    @classmethod
+    def from_hf_config(cls, config: dict) -> "ModelShape":
+        """The shape of a Hugging Face ``config.json`` (as a dict) of a Llama-, Mistral- or GPT-2-style model."""
+        return _from_hf(cls, config)
+
+
+# The fields read from a Hugging Face config.json, and the ModelShape field each fills.
+HF_CONFIG_FIELDS = {
+    "num_hidden_layers": "n_layer", "hidden_size": "d_model", "num_attention_heads": "n_head",
+    "vocab_size": "vocab_size", "max_position_embeddings": "seq_len",
+    "num_key_value_heads": "n_kv_head", "intermediate_size": "d_ff",
+}
+_HF_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
+                "max_position_embeddings", "intermediate_size")
+
+
+def _from_hf(cls, config: dict) -> ModelShape:
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict (a parsed config.json), not {type(config).__name__}")
+    missing = [k for k in _HF_REQUIRED if k not in config]
+    if missing:
+        raise ValueError(f"config.json is missing {missing}; a Llama-style config needs {list(_HF_REQUIRED)}")
+    act = config.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ValueError(f"hidden_act={act!r}: only SwiGLU models (hidden_act 'silu') are read from config.json")
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise ValueError(f"{key}={config[key]!r}: only bias-free Llama-style blocks are read from config.json")
+    kw = {field: config[key] for key, field in HF_CONFIG_FIELDS.items() if config.get(key) is not None}
+    return cls(**kw, norm="rmsnorm", mlp="swiglu", pos="rope", bias=False,
+               tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+               sliding_window=config.get("sliding_window"))
+
+
+def _llama(L, h, a, kv, f, V, s, **kw) -> ModelShape:
+    return ModelShape(n_layer=L, d_model=h, n_head=a, n_kv_head=kv, d_ff=f, vocab_size=V, seq_len=s,
+                      norm="rmsnorm", mlp="swiglu", pos="rope", tie_embeddings=False, bias=False, **kw)
+
+
+# Published shapes, each with its source (references.bib). The exact parameter counts the tests
+# check are those of the released checkpoints (the sum of their tensors' sizes).
+PRESETS: dict[str, ModelShape] = {
+    "tiny": ModelShape(n_layer=4, d_model=128, n_head=4, vocab_size=256, seq_len=64),
+    # GPT-2 (radford2019language, Table 2 and the released checkpoints).
+    "gpt2-small": ModelShape(n_layer=12, d_model=768, n_head=12, vocab_size=50257, seq_len=1024),
+    "gpt2-medium": ModelShape(n_layer=24, d_model=1024, n_head=16, vocab_size=50257, seq_len=1024),
+    "gpt2-large": ModelShape(n_layer=36, d_model=1280, n_head=20, vocab_size=50257, seq_len=1024),
+    "gpt2-xl": ModelShape(n_layer=48, d_model=1600, n_head=25, vocab_size=50257, seq_len=1024),
+    # GPT-3 175B (brown2020language, Table 2.1: 96 layers, d_model 12288, 96 heads, 2048 tokens).
+    "gpt3-175b": ModelShape(n_layer=96, d_model=12288, n_head=96, vocab_size=50257, seq_len=2048),
+    # OPT-13B (zhang2022opt, Table 1); its learned position table has 2 extra rows.
+    "opt-13b": ModelShape(n_layer=40, d_model=5120, n_head=40, vocab_size=50272, seq_len=2048,
+                          n_positions=2050),
+    # Llama 2 (touvron2023llama2, Table 1 and Sec. 2.2; 70B uses GQA with 8 key-value heads).
+    "llama-2-7b": _llama(32, 4096, 32, 32, 11008, 32000, 4096),
+    "llama-2-13b": _llama(40, 5120, 40, 40, 13824, 32000, 4096),
+    "llama-2-70b": _llama(80, 8192, 64, 8, 28672, 32000, 4096),
+    # Llama 3 and 3.1 (grattafiori2024llama3, Table 3); Llama 3's context 8192, 3.1's 131072.
+    "llama-3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192),
+    "llama-3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192),
+    "llama-3.1-405b": _llama(126, 16384, 128, 8, 53248, 128256, 131072),
+    # Llama 3.2 1B (meta2024llama32): tied embeddings.
+    "llama-3.2-1b": _llama(16, 2048, 32, 8, 8192, 128256, 131072).replace(tie_embeddings=True),
+    # Mistral 7B (jiang2023mistral, Table 1): GQA with 8 key-value heads, a 4096-token sliding window.
+    "mistral-7b": _llama(32, 4096, 32, 8, 14336, 32000, 32768, sliding_window=4096),
+}
+
+
+def preset(name: str) -> ModelShape:
+    """The published shape called ``name`` (a key of :data:`PRESETS`)."""
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ValueError(f"preset={name!r} is unknown; valid presets: {sorted(PRESETS)}")
+    return PRESETS[name]
