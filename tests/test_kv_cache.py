@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit.kv_cache import KVCache, generate
+from labkit.paged_attention.contiguous import KVCache, generate
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention import kv_bytes_per_token_of
 

@@ -8,6 +8,7 @@ over the block table followed by torch's scaled_dot_product_attention.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit.model import GPTConfig, build_model
+from labkit.paged_attention import cache as cache_module
 from labkit.paged_attention import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, BlockAllocator, OutOfBlocksError,
                                     PagedKVCache, blocks_for_tokens, kv_bytes_per_token, kv_bytes_per_token_of,
                                     paged_attention, slots_wasted_in_last_block, write_kv)
@@ -85,25 +87,48 @@ CACHE_OPS = st.lists(st.tuples(st.sampled_from(["add", "append", "fork", "free"]
                                st.lists(st.integers(0, 2), min_size=1, max_size=9)), max_size=40)
 
 
+def _kv(tokens):
+    """What a model would store for each position: a function of the whole prefix up to it, so a
+    block shared under a different prefix reads back wrong (exact in float64 below 2^40)."""
+    return [float(hash(tuple(tokens[:p + 1])) % (1 << 40)) for p in range(len(tokens))]
+
+
+def _read(cache, table, n):
+    bs = cache.block_size
+    slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(n)], dtype=torch.long)
+    return cache.k[0].transpose(1, 2).reshape(-1)[slots].tolist() if n else []
+
+
 def _check_invariants(cache, expected):
     held = [b for table in cache.tables.values() for b in table]
     alloc = cache.allocator
     for b in range(alloc.num_blocks):  # reference counts = the tables holding a block
         assert alloc.ref_count(b) == held.count(b)
     assert alloc.num_free == alloc.num_blocks - len(set(held))  # nothing both free and in use
-    bs = cache.block_size
-    for sid, values in expected.items():  # every sequence reads back its own tokens
-        slots = torch.tensor([cache.tables[sid][p // bs] * bs + p % bs for p in range(len(values))],
-                             dtype=torch.long)
-        stored = cache.k[0].transpose(1, 2).reshape(-1)[slots] if len(values) else torch.zeros(0)
-        assert stored.tolist() == [float(v) for v in values], sid
+    for sid, tokens in expected.items():  # every sequence reads back its own prefix's values
+        assert _read(cache, cache.tables[sid], len(tokens)) == _kv(tokens), sid
+    # the two maps of registrations agree (a wrong or stale hit is caught by the read-back above)
+    assert all(cache._entry[b][0] == h for h, b in cache._block_of_hash.items())
+
+
+def _colliding_hash(parent, tokens):
+    return tokens[0] % 2  # forced collisions: blocks of other contents and prefixes share a key
 
 
 @FAST
-@given(num_blocks=st.integers(1, 8), block_size=st.sampled_from([1, 2, 4]), ops=CACHE_OPS)
-def test_cache_against_a_model(num_blocks, block_size, ops):
-    """Random add / append / fork / free; tokens come from {0, 1, 2} so prefixes repeat and are shared."""
-    cache = PagedKVCache(1, 1, 1, num_blocks, block_size)
+@given(num_blocks=st.integers(1, 8), block_size=st.sampled_from([1, 2, 4]), ops=CACHE_OPS,
+       collide=st.booleans())
+def test_cache_against_a_model(num_blocks, block_size, ops, collide):
+    """Random add / append / fork / free; tokens come from {0, 1, 2} so prefixes repeat and are
+    shared, by live and by freed blocks; whatever is shared must read back as its own prefix,
+    also when block hashes collide (a hit is verified, not taken from the hash)."""
+    with mock.patch("labkit.paged_attention.cache._block_hash",
+                    _colliding_hash if collide else cache_module._block_hash):
+        _drive_cache(num_blocks, block_size, ops)
+
+
+def _drive_cache(num_blocks, block_size, ops):
+    cache = PagedKVCache(1, 1, 1, num_blocks, block_size, dtype=torch.float64)
     expected, next_id = {}, 0
     for op, pick, tokens in ops:
         live = sorted(expected)
@@ -140,13 +165,13 @@ def test_cache_against_a_model(num_blocks, block_size, ops):
                     del expected[sid]
             else:
                 slots = torch.tensor(cache.reserve(sid, new))  # block * block_size + offset
-                values = torch.tensor(new, dtype=torch.float32).view(-1, 1, 1)  # (T, nh, hs)
-                write_kv(cache.k[0], cache.v[0], slots, values, values)
+                values = torch.tensor(_kv(expected[sid] + new)[n:], dtype=torch.float64)
+                write_kv(cache.k[0], cache.v[0], slots, values.view(-1, 1, 1), values.view(-1, 1, 1))
                 expected[sid] += new
         _check_invariants(cache, expected)
     for sid in list(expected):
         cache.free_sequence(sid)
-    assert cache.allocator.num_free == num_blocks and not cache._block_of_hash  # no block lost
+    assert cache.allocator.num_free == num_blocks  # no block lost
 
 
 def test_prefix_sharing_and_copy_on_write_counts():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labkit.kv_cache import generate
+from labkit.paged_attention.contiguous import generate
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention import SHAREGPT, Engine, Request, synthetic_trace
 
