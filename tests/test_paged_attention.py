@@ -20,7 +20,8 @@ from labkit.model import GPTConfig, build_model
 from labkit.paged_attention import cache as cache_module
 from labkit.paged_attention import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, BlockAllocator, OutOfBlocksError,
                                     PagedKVCache, blocks_for_tokens, kv_bytes_per_token, kv_bytes_per_token_of,
-                                    paged_attention, slots_wasted_in_last_block, write_kv)
+                                    paged_attention, slot_mapping, slots_wasted_in_last_block,
+                                    write_kv)
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -204,7 +205,9 @@ def _reference(q, k_cache, v_cache, tables, lens):
 
 @pytest.mark.parametrize("T", [1, 3])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_paged_attention_equals_contiguous_attention(T, block_size):
+def test_paged_attention_equals_contiguous_attention(T, block_size, request):
+    if (T, block_size) == (3, 4):
+        request.applymarker(pytest.mark.roundoff)  # the cheapest case re-runs on other kernels
     g = torch.Generator().manual_seed(block_size * 10 + T)
     B, nh, hs, num_blocks = 4, 2, 8, 40
     k_cache = torch.randn(num_blocks, nh, block_size, hs, generator=g, dtype=torch.float64)
@@ -229,6 +232,7 @@ def test_paged_attention_rejects_bad_shapes():
         paged_attention(torch.zeros(2, 2, 1, 8), k, k, torch.zeros(3, 1, dtype=torch.long), torch.tensor([1, 1]))
 
 
+@pytest.mark.roundoff
 def test_the_model_through_a_paged_cache_matches_its_full_forward():
     cfg = GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=40, vocab_size=64)
     torch.manual_seed(0)
@@ -246,3 +250,42 @@ def test_the_model_through_a_paged_cache_matches_its_full_forward():
         full = model(idx)
     # fp64: only the summation order of the attention differs
     torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+# --- bad input: a clear error naming the argument ------------------------------------------------
+def test_a_negative_block_id_is_refused_not_read_from_the_end():
+    k = torch.zeros(4, 2, 4, 8)
+    q = torch.zeros(2, 2, 1, 8)
+    for bad in (-1, 4):
+        tables = torch.tensor([[0, 1], [2, bad]])
+        with pytest.raises(ValueError, match=f"block id {bad}: valid ids are 0..3"):
+            paged_attention(q, k, k, tables, torch.tensor([5, 6]))
+    with pytest.raises(ValueError, match="block id -1"):
+        slot_mapping([3, -1], torch.arange(8), 4)
+
+
+def test_booleans_are_not_block_ids_or_sizes():
+    alloc = BlockAllocator(4, 16)
+    alloc.allocate(), alloc.allocate()
+    with pytest.raises(ValueError, match="block_id=True"):
+        alloc.free(True)  # would free block 1
+    assert alloc.ref_count(1) == 1
+    for args, name in [((True, 16), "num_blocks=True"), ((4, True), "block_size=True")]:
+        with pytest.raises(ValueError, match=name):
+            BlockAllocator(*args)
+    with pytest.raises(ValueError, match="num_tokens=True"):
+        blocks_for_tokens(True)
+    with pytest.raises(ValueError, match="n_layer=True"):
+        kv_bytes_per_token(True, 2, 64, 2)
+
+
+def test_unknown_sequence_ids_are_named():
+    cache = PagedKVCache(1, 1, 1, num_blocks=4, block_size=4)
+    cache.add_sequence("a", [1, 2, 3])
+    calls = [lambda: cache.reserve("b", [1]), lambda: cache.free_sequence("b"),
+             lambda: cache.fork("b", "c"), lambda: cache.blocks_needed("b", 1),
+             lambda: cache.length("b"), lambda: cache.step(["a", "b"], 1)]
+    for call in calls:
+        with pytest.raises(ValueError, match="seq_id='b' is not in the cache"):
+            call()
+    assert "a" in cache and "c" not in cache  # the failed fork added nothing
