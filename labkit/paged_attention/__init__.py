@@ -5,7 +5,8 @@ of incremental decoding and greedy ``generate`` (the baseline); ``allocator``: t
 reference counts; ``attention``: attention through block tables; ``cache``: the paged KV cache
 with copy-on-write and prefix sharing; ``sampling``: requests, greedy, sampling and beam search;
 ``reservation``: contiguous reservation and the accounting of waste; ``scheduler``: arrivals,
-admission and preemption; ``engine``: continuous batching; ``traces``: synthetic traces.
+admission and preemption; ``engine``: continuous batching; ``timing``: a decode step's time against the batch;
+``traces``: synthetic traces.
 """
 
 from .allocator import BlockAllocator, OutOfBlocksError
@@ -19,6 +20,7 @@ from .engine import RESERVATIONS, Engine, ServeResult
 from .reservation import ContiguousAllocator, Waste
 from .sampling import Decision, Request, Sequence, decide
 from .scheduler import Batch, Group, Scheduler
+from .timing import decode_step_seconds
 from .traces import ALPACA, SHAREGPT, LengthDistribution, synthetic_trace
 
 __all__ = [
@@ -27,5 +29,5 @@ __all__ = [
     "BlockAllocator", "OutOfBlocksError", "paged_attention", "slot_mapping", "write_kv",
     "PagedKVCache", "PagedStep", "KVCache", "generate", "Request", "Sequence", "Decision",
     "decide", "ContiguousAllocator", "Waste", "Scheduler", "Group", "Batch", "RESERVATIONS",
-    "Engine", "ServeResult", "SHAREGPT", "ALPACA", "LengthDistribution", "synthetic_trace",
+    "Engine", "ServeResult", "decode_step_seconds", "SHAREGPT", "ALPACA", "LengthDistribution", "synthetic_trace",
 ]

@@ -16,15 +16,17 @@ __all__ = ["DEFAULT_BLOCK_SIZE", "PUBLISHED_MODELS", "kv_bytes_per_token", "kv_b
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per block: vLLM's default (Kwon et al. 2023, Sec. 7.2)
 
-# Published shapes: (n_layer, n_kv_heads, head_dim, max context). OPT-13B (Zhang et al. 2022,
-# Table 1: 40 layers, 40 heads, d_model 5120); Llama-2-7B and Llama-2-70B (Touvron et al. 2023,
-# Table 1 and Sec. 2.2: 70B uses grouped-query attention with 8 key-value heads; d_model 4096 and
-# 8192 with 32 and 64 query heads, so head_dim 128); Mistral-7B (Jiang et al. 2023, Table 1).
+# Published shapes: (n_layer, n_kv_heads, head_dim, the most tokens one sequence caches). OPT-13B
+# (Zhang et al. 2022, Table 1: 40 layers, 40 heads, d_model 5120); Llama-2-7B and Llama-2-70B
+# (Touvron et al. 2023, Table 1 and Sec. 2.2: 70B uses grouped-query attention with 8 key-value
+# heads; d_model 4096 and 8192 with 32 and 64 query heads, so head_dim 128); Mistral-7B (Jiang
+# et al. 2023, Table 1 and Sec. 2): its context is 8192 tokens, but its sliding window of 4096
+# lets a rolling buffer cache at most 4096 tokens' keys and values.
 PUBLISHED_MODELS: dict[str, tuple[int, int, int, int]] = {
     "OPT-13B": (40, 40, 128, 2048),
     "Llama-2-7B": (32, 32, 128, 4096),
     "Llama-2-70B (GQA)": (80, 8, 128, 4096),
-    "Mistral-7B (GQA)": (32, 8, 128, 8192),
+    "Mistral-7B (GQA)": (32, 8, 128, 4096),
 }
 
 

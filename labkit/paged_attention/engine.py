@@ -42,6 +42,7 @@ class ServeResult:
     preemptions: int
     tokens_generated: int
     seconds: float
+    tokens_forwarded: int = 0  # tokens run through the model: prompts, recomputations, decodes
 
     @property
     def tokens_per_second(self) -> float:
@@ -113,6 +114,7 @@ class Engine:
         rows = iter((self._forward(batch.decoding, 1) if batch.decoding else [])
                     + [row for s, new in batch.prefill for row in self._forward([s], new)])
         result.batch_sizes.append(len(batch.decoding) + len(batch.prefill))
+        result.tokens_forwarded += len(batch.decoding) + sum(new for _, new in batch.prefill)
         for g in sched.running:
             d = decide(g, [next(rows) for _ in g.seqs], sched.new_sid)
             for parent, child in d.forks:

@@ -115,7 +115,7 @@ def _next_token(seq, row, temperature):
         return 0
     if temperature == 0:
         return int(row.argmax())
-    probs = torch.softmax(row.float().cpu() / temperature, dim=-1)
+    probs = torch.softmax(row.cpu().double() / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 
