@@ -49,7 +49,7 @@ def throughput(device, preset: str, seq_len: int, requests: int, budget_blocks: 
     Engine(model, num_blocks=budget_blocks).serve(trace[:4])  # warm-up
     one = decode_step_seconds(model, 1, seq_len // 4)
     for b in (4, 16, 64, 256):
-        ratio = decode_step_seconds(model, b, seq_len // 4) / one  # (noisy: a median of 10)
+        ratio = decode_step_seconds(model, b, seq_len // 4) / one
         print(f"  a decode step of batch {b:>3} takes {ratio:5.1f}x one of batch 1")
     results = {kind: Engine(model, num_blocks=budget_blocks, reservation=kind).serve(trace, progress=True, desc=kind)
                for kind in ("paged", "max")}
