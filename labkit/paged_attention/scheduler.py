@@ -18,7 +18,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..validate import check_choice, check_int
-from .reservation import ContiguousAllocator
 from .sampling import Request, Sequence
 
 __all__ = ["Scheduler", "Group", "Batch", "RESERVATIONS"]
@@ -49,7 +48,7 @@ class Batch:
 
 
 class Scheduler:
-    """Queues of one served trace over ``cache`` (and ``contiguous`` for the baselines)."""
+    """Queues of one served trace over ``cache`` (and a ``ContiguousAllocator`` for the baselines)."""
 
     def __init__(self, cache, contiguous, *, reservation, max_len, max_num_seqs):
         self.cache, self.contiguous = cache, contiguous
