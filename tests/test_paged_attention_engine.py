@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from labkit.model import GPTConfig, build_model
-from labkit.paged_attention import SHAREGPT, Engine, Request, synthetic_trace
+from labkit.paged_attention import (SHAREGPT, Engine, PagedKVCache, Request, Scheduler,
+                                    synthetic_trace)
 from labkit.paged_attention.contiguous import generate
 
 CFG = GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=64, vocab_size=64)
@@ -235,3 +236,24 @@ def test_a_failed_serve_releases_its_blocks(model):
     fresh = Engine(model, num_blocks=24, block_size=4).serve(trace)
     assert again.outputs == fresh.outputs
     assert again.batch_sizes == fresh.batch_sizes
+
+
+def test_the_scheduler_admits_within_max_num_seqs_and_preempts_the_latest_admitted():
+    cache = PagedKVCache(1, 1, 1, num_blocks=6, block_size=4, store=False)
+    sched = Scheduler(cache, None, reservation="paged", max_len=64, max_num_seqs=2)
+    sched.add([Request([1] * 4, 20), Request([2] * 4, 20), Request([3] * 4, 20, arrival=1)])
+    batch = sched.schedule(0)
+    assert [g.rid for g in batch.admitted] == [0, 1]  # the third would exceed max_num_seqs
+    assert [n for _, n in batch.prefill] == [4, 4] and batch.decoding == []
+    for step in range(1, 12):
+        for g in sched.running:  # what the engine does after its forwards
+            for s in g.seqs:
+                s.tokens.append(0)
+        batch = sched.schedule(step)
+        if sched.preemptions:
+            break
+    # 24 slots: at 13 tokens each, two sequences need 8 blocks; the later admitted one yields
+    assert sched.preemptions == 1 and [g.rid for g in sched.running] == [0]
+    assert [g.rid for g in sched.waiting] == [1, 2]  # first in the queue, before the newcomer
+    assert cache.length(sched.running[0].seqs[0].sid) == 13
+    assert 1 not in [g.rid for g in batch.admitted]  # nothing is admitted in a preempting step
