@@ -10,6 +10,7 @@ the two best logits.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -170,11 +171,13 @@ def test_a_fully_cached_prompt_still_computes_its_last_token(model):
 def test_prompts_given_as_tensors_share_like_lists(model):
     prompt = list(range(1, 19))
     counts = []
-    for make in (list, torch.tensor):
+    for make in (list, torch.tensor, np.array):
         engine = Engine(model, num_blocks=20, block_size=4)
         engine.serve([Request(make(prompt), 3), Request(make(prompt + [1]), 3, arrival=1)])
         counts.append(engine.cache.num_prefix_hits)
-    assert counts == [4, 4]
+    assert counts == [4, 4, 4]
+    with pytest.raises(ValueError, match=r"prompt\[0\]=True"):
+        Request(torch.tensor([True, False]), 3)
     with pytest.raises(ValueError, match=r"prompt\[0\]=1.0"):
         Request(torch.tensor([1.0, 2.0]), 3)
     with pytest.raises(ValueError, match=r"prompt\[0\]=True"):

@@ -10,6 +10,7 @@ the forks, the drops and the tokens, and the engine applies them to its cache.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,12 @@ def _token_list(prompt) -> list:
                         f"got {type(prompt).__name__}")
     tokens = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
     for i, t in enumerate(tokens):  # a float, a bool or a nested row is refused here
+        is_bool = "bool" in f"{type(t).__name__} {getattr(t, 'dtype', '')}"
+        if not isinstance(t, (bool, int)) and not is_bool:
+            try:
+                tokens[i] = t = operator.index(t)  # a NumPy or 0-d tensor integer
+            except TypeError:
+                pass
         check_int(f"prompt[{i}]", t, 0)
     return tokens
 
