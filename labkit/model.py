@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["GPTConfig", "GPT", "AttentionCore", "PRESETS", "get_preset", "count_params", "build_model",
-           "training_flops"]
+__all__ = ["GPTConfig", "GPT", "AttentionCore", "KVCacheProtocol", "PRESETS", "get_preset", "count_params",
+           "build_model", "training_flops"]
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,16 @@ class Block(nn.Module):
         return x
 
 
+class KVCacheProtocol(Protocol):
+    """What ``GPT.forward(idx, kv_cache=...)`` calls (Chapter 8: contiguous and paged caches)."""
+
+    def begin(self, idx: torch.Tensor) -> torch.Tensor:
+        """Positions (T,) or (B, T) of the T new tokens of idx (B, T)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store layer's new keys and values, attend q over all kept: (B, nh, T, hs) each."""
+
+
 class GPT(nn.Module):
     """GPT-2. ``forward(idx)``: idx (B, T) int64 -> logits (B, T, V);
     ``forward(idx, targets)``: the mean cross-entropy loss over positions whose target is not -100."""
@@ -220,8 +231,8 @@ class GPT(nn.Module):
         B, T = targets.shape
         return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-100)
 
-    def forward(self, idx, targets=None, kv_cache=None):
-        """``kv_cache``: anything with ``begin(idx) -> pos`` and ``attend(layer, q, k, v)`` (labkit.kv_cache)."""
+    def forward(self, idx, targets=None, kv_cache: KVCacheProtocol | None = None):
+        """``kv_cache``: a :class:`KVCacheProtocol` (``begin`` gives positions, ``attend`` attends)."""
         pos = None if kv_cache is None else kv_cache.begin(idx)  # positions of the new tokens
         x = self.embed(idx, pos)  # (B, T, C)
         for i, block in enumerate(self.blocks):

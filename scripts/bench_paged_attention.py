@@ -10,8 +10,10 @@ and external fragmentation for contiguous maximum-length, contiguous exact-lengt
 paged caches, then the paged cache over block sizes 8, 16, 32, 64.
 Part 2 (real forwards): the GPT preset (--preset, seq_len --seq-len) serves --requests requests,
 lengths scaled to its positions, with a budget of --budget-blocks blocks of 16 tokens, paged and
-contiguous; prints the largest batch, generated tokens per second and their ratio. The exit
-status is 1 if the two engines' tokens differ.
+contiguous; prints the time of one decode step against the batch size, then the largest batch,
+the tokens run through the model (recomputation included), generated tokens per second and
+their ratio. The lab's ``SCALE = 8`` is ``--requests 384 --budget-blocks 512``. The exit status
+is 1 if the two engines' tokens differ.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from labkit.device import pick_device, seed_everything
 from labkit.model import build_model, get_preset
-from labkit.paged_attention import SHAREGPT, Engine, synthetic_trace
+from labkit.paged_attention import SHAREGPT, Engine, decode_step_seconds, synthetic_trace
 
 
 def waste_table(slots: int, requests: int) -> None:
@@ -45,11 +47,15 @@ def throughput(device, preset: str, seq_len: int, requests: int, budget_blocks: 
     print(f"Part 2: {preset} (seq_len {seq_len}) on {device.type}, {requests} requests, "
           f"{budget_blocks * 16:,} KV slots")
     Engine(model, num_blocks=budget_blocks).serve(trace[:4])  # warm-up
+    one = decode_step_seconds(model, 1, seq_len // 4)
+    for b in (4, 16, 64, 256):
+        ratio = decode_step_seconds(model, b, seq_len // 4) / one
+        print(f"  a decode step of batch {b:>3} takes {ratio:5.1f}x one of batch 1")
     results = {kind: Engine(model, num_blocks=budget_blocks, reservation=kind).serve(trace, progress=True, desc=kind)
                for kind in ("paged", "max")}
     for kind, res in results.items():
         print(f"  {kind:<6} largest batch {max(res.batch_sizes):>4}, preemptions {res.preemptions:>3}, "
-              f"{res.tokens_per_second:9.0f} generated tokens/s")
+              f"{res.tokens_forwarded:>8,} tokens forwarded, {res.tokens_per_second:9.0f} generated tokens/s")
     print(f"  paged / contiguous throughput: {results['paged'].tokens_per_second / results['max'].tokens_per_second:.2f}x")
     return results["paged"].outputs == results["max"].outputs
 

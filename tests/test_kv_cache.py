@@ -1,11 +1,11 @@
-"""labkit.kv_cache: incremental decoding through GPT.forward against recomputing the whole sequence."""
+"""labkit.paged_attention.contiguous: incremental decoding through GPT.forward against recomputing the whole sequence."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from labkit.kv_cache import KVCache, generate
+from labkit.paged_attention.contiguous import KVCache, generate
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention import kv_bytes_per_token_of
 
@@ -25,6 +25,7 @@ def test_greedy_with_cache_equals_recomputing_every_step():
     assert with_cache.shape == (3, 37)
 
 
+@pytest.mark.roundoff
 def test_cached_logits_match_the_full_forward_chunk_by_chunk():
     model = _model(torch.float64)
     idx = torch.randint(0, CFG.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2))
@@ -66,3 +67,28 @@ def test_bad_input_raises():
         generate(model, torch.zeros(1, 40, dtype=torch.long), 9)
     with pytest.raises(ValueError, match="max_len"):
         KVCache(2, 1, 2, 16, 0)
+
+
+def test_a_step_the_model_refuses_leaves_the_cache_as_it_was():
+    model = _model(torch.float64)
+    idx = torch.randint(0, CFG.vocab_size, (1, 48), generator=torch.Generator().manual_seed(4))
+    cache = KVCache.for_model(model, 1, max_len=60)  # room past the model's 48 positions
+    with torch.no_grad():
+        model(idx[:, :40], kv_cache=cache)
+        with pytest.raises((ValueError, IndexError)):  # however the model words it
+            model(idx[:, :10], kv_cache=cache)  # positions 40..49: refused by the model
+        assert cache.length == 40
+        step = model(idx[:, 40:], kv_cache=cache)  # the next valid step sees the right context
+        full = model(idx)
+    # fp64: only the summation order of the attention differs between the two paths
+    torch.testing.assert_close(step, full[:, 40:], rtol=1e-10, atol=1e-10)
+
+
+def test_booleans_are_not_counts():
+    model = _model()
+    with pytest.raises(ValueError, match="max_new_tokens=True"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), True)
+    with pytest.raises(ValueError, match="batch_size=True"):
+        KVCache(2, True, 2, 16, 8)
+    with pytest.raises(TypeError, match="use_cache='no'"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), 2, use_cache="no")

@@ -1,18 +1,33 @@
 """PagedAttention and a small serving engine (Chapter 8): the KV cache in fixed-size blocks.
 
-``analytic``: bytes per token and blocks per sequence; ``allocator``: the free list and reference
-counts; ``attention``: attention through block tables; ``cache``: the paged KV cache with
-copy-on-write and prefix sharing; ``sampling``: requests, greedy, sampling and beam search;
-``reservation``: contiguous reservation and the accounting of waste; ``engine``: continuous
-batching with preemption; ``traces``: synthetic request traces.
+``analytic``: bytes per token and blocks per sequence; ``contiguous``: the contiguous KV cache
+of incremental decoding and greedy ``generate`` (the baseline); ``allocator``: the free list and
+reference counts; ``attention``: attention through block tables; ``cache``: the paged KV cache
+with copy-on-write and prefix sharing; ``sampling``: requests, greedy, sampling and beam search;
+``reservation``: contiguous reservation and the accounting of waste; ``scheduler``: arrivals,
+admission and preemption; ``engine``: continuous batching; ``timing``: a decode step's time against the batch;
+``traces``: synthetic traces.
 """
 
-from .analytic import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, blocks_for_tokens, kv_bytes,  # noqa: F401
-                       kv_bytes_per_token, kv_bytes_per_token_of, slots_wasted_in_last_block)
-from .allocator import BlockAllocator, OutOfBlocksError  # noqa: F401
-from .attention import paged_attention, slot_mapping, write_kv  # noqa: F401
-from .cache import PagedKVCache, PagedStep  # noqa: F401
-from .sampling import Request, Sequence  # noqa: F401
-from .reservation import ContiguousAllocator, Waste  # noqa: F401
-from .engine import RESERVATIONS, Engine, ServeResult  # noqa: F401
-from .traces import SHAREGPT, ALPACA, LengthDistribution, synthetic_trace  # noqa: F401
+from .allocator import BlockAllocator, OutOfBlocksError
+from .analytic import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, blocks_for_tokens,
+                       kv_bytes, kv_bytes_per_token, kv_bytes_per_token_of,
+                       slots_wasted_in_last_block)
+from .attention import paged_attention, slot_mapping, write_kv
+from .cache import PagedKVCache, PagedStep
+from .contiguous import KVCache, generate
+from .engine import RESERVATIONS, Engine, ServeResult
+from .reservation import ContiguousAllocator, Waste
+from .sampling import Decision, Request, Sequence, decide
+from .scheduler import Batch, Group, Scheduler
+from .timing import decode_step_seconds
+from .traces import ALPACA, SHAREGPT, LengthDistribution, synthetic_trace
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE", "PUBLISHED_MODELS", "kv_bytes", "kv_bytes_per_token",
+    "kv_bytes_per_token_of", "blocks_for_tokens", "slots_wasted_in_last_block",
+    "BlockAllocator", "OutOfBlocksError", "paged_attention", "slot_mapping", "write_kv",
+    "PagedKVCache", "PagedStep", "KVCache", "generate", "Request", "Sequence", "Decision",
+    "decide", "ContiguousAllocator", "Waste", "Scheduler", "Group", "Batch", "RESERVATIONS",
+    "Engine", "ServeResult", "decode_step_seconds", "SHAREGPT", "ALPACA", "LengthDistribution", "synthetic_trace",
+]

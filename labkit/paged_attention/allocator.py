@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..validate import check_int
+
 __all__ = ["BlockAllocator", "OutOfBlocksError"]
 
 
@@ -20,9 +22,8 @@ class BlockAllocator:
     """``num_blocks`` blocks of ``block_size`` token slots; ids 0..num_blocks-1."""
 
     def __init__(self, num_blocks: int, block_size: int):
-        for name, value in [("num_blocks", num_blocks), ("block_size", block_size)]:
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+        check_int("num_blocks", num_blocks, 1)
+        check_int("block_size", block_size, 1)
         self.num_blocks, self.block_size = num_blocks, block_size
         self._free = deque(range(num_blocks))  # FIFO: a freed block is reused last
         self._refs = [0] * num_blocks
@@ -37,14 +38,22 @@ class BlockAllocator:
         return self.num_blocks - len(self._free)
 
     def _check(self, block_id):
-        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
-            raise ValueError(f"block_id={block_id!r} must be an int in [0, {self.num_blocks})")
+        check_int("block_id", block_id, 0, self.num_blocks - 1)
 
     def allocate(self) -> int:
         """A free block with one reference; :class:`OutOfBlocksError` when none is left."""
         if not self._free:
             raise OutOfBlocksError(f"all {self.num_blocks} blocks are in use")
         block_id = self._free.popleft()
+        self._refs[block_id] = 1
+        return block_id
+
+    def reclaim(self, block_id: int) -> int:
+        """Take back one particular free block (its contents kept: a cached prefix) with one reference."""
+        self._check(block_id)
+        if self._refs[block_id] != 0:
+            raise ValueError(f"block_id={block_id} is in use: share it instead")
+        self._free.remove(block_id)
         self._refs[block_id] = 1
         return block_id
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..validate import check_int
+
 __all__ = ["ContiguousAllocator", "Waste"]
 
 
@@ -17,8 +19,7 @@ class ContiguousAllocator:
     """First-fit allocation of contiguous ranges in one address space of ``capacity`` slots."""
 
     def __init__(self, capacity: int):
-        if not isinstance(capacity, int) or capacity <= 0:
-            raise ValueError(f"capacity={capacity!r} must be a positive int")
+        check_int("capacity", capacity, 1)
         self.capacity = capacity
         self._gaps = [(0, capacity)]  # sorted (start, length) of the free ranges
 
@@ -32,8 +33,7 @@ class ContiguousAllocator:
 
     def allocate(self, size: int):
         """Start of a free range of ``size`` slots (the first that fits), or None."""
-        if not isinstance(size, int) or size <= 0:
-            raise ValueError(f"size={size!r} must be a positive int")
+        check_int("size", size, 1)
         for i, (start, length) in enumerate(self._gaps):
             if length >= size:
                 if length == size:
@@ -45,9 +45,8 @@ class ContiguousAllocator:
 
     def free(self, start: int, size: int) -> None:
         """Return a range, merging it with free neighbours."""
-        if not (isinstance(start, int) and isinstance(size, int) and size > 0
-                and 0 <= start and start + size <= self.capacity):
-            raise ValueError(f"range (start={start!r}, size={size!r}) must lie in [0, {self.capacity})")
+        check_int("start", start, 0, self.capacity - 1)
+        check_int("size", size, 1, self.capacity - start)
         merged: list[tuple[int, int]] = []
         for s, n in sorted(self._gaps + [(start, size)]):
             end = merged[-1][0] + merged[-1][1] if merged else 0

@@ -3,16 +3,38 @@
 Parallel sampling (n > 1) and beam search start from one prefilled prompt and fork it; the
 forks share the prompt's blocks until one of them writes (copy-on-write, Kwon et al. 2023,
 Sec. 4.4). Sample i of a request draws from its own generator seeded ``seed + i``, so it is the
-same sequence as a request with n = 1 and that seed.
+same sequence as a request with n = 1 and that seed. :func:`decide` only decides: it returns
+the forks, the drops and the tokens, and the engine applies them to its cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import operator
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Request", "Sequence", "decide"]
+from ..validate import check_int
+
+__all__ = ["Request", "Sequence", "Decision", "decide"]
+
+
+def _token_list(prompt) -> list:
+    """A prompt as a list of Python ints; a 1-D integer tensor or array is converted."""
+    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__"):
+        raise TypeError(f"prompt must be a list of token ids or a 1-D integer tensor, "
+                        f"got {type(prompt).__name__}")
+    tokens = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+    for i, t in enumerate(tokens):  # a float, a bool or a nested row is refused here
+        is_bool = "bool" in f"{type(t).__name__} {getattr(t, 'dtype', '')}"
+        if not isinstance(t, (bool, int)) and not is_bool:
+            try:
+                tokens[i] = t = operator.index(t)  # a NumPy or 0-d tensor integer
+            except TypeError:
+                pass
+        check_int(f"prompt[{i}]", t, 0)
+    return tokens
 
 
 @dataclass
@@ -26,23 +48,34 @@ class Request:
     temperature: float = 0.0  # 0: greedy
     seed: int = 0
 
+    def __post_init__(self):
+        self.prompt = _token_list(self.prompt)
+
     @property
     def final_len(self) -> int:
         """Slots the request's longest state needs: the last generated token is never fed back."""
         return len(self.prompt) + self.max_new_tokens - 1
 
-    def validate(self, max_len: int, name: str = "request") -> None:
+    def validate(self, max_len: int, name: str = "request", vocab_size: int | None = None) -> None:
+        """Raise ValueError naming ``name``'s first field that cannot be served."""
         if len(self.prompt) < 1:
             raise ValueError(f"{name}.prompt is empty: a request needs at least one token")
-        for field in ("max_new_tokens", "n", "beam_width"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}.{field}={value!r} must be a positive int")
+        for f in ("max_new_tokens", "n", "beam_width"):
+            check_int(f"{name}.{f}", getattr(self, f), 1)
+        check_int(f"{name}.arrival", self.arrival, 0)
+        check_int(f"{name}.seed", self.seed, 0)
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"{name}.temperature={t!r} must be a finite number >= 0 (0: greedy)")
         if self.n > 1 and self.beam_width > 1:
             raise ValueError(f"{name}: n={self.n} and beam_width={self.beam_width}; choose one")
+        if vocab_size is not None and not 0 <= min(self.prompt) <= max(self.prompt) < vocab_size:
+            bad = [x for x in self.prompt if not 0 <= x < vocab_size][0]
+            raise ValueError(f"{name}.prompt holds token id {bad}: valid ids are "
+                             f"0..{vocab_size - 1}")
         if len(self.prompt) + self.max_new_tokens > max_len:
-            raise ValueError(f"{name}: prompt {len(self.prompt)} + max_new_tokens {self.max_new_tokens} "
-                             f"exceed max_len={max_len}")
+            raise ValueError(f"{name}: prompt {len(self.prompt)} + max_new_tokens "
+                             f"{self.max_new_tokens} exceed max_len={max_len}")
 
     def outputs(self, seqs):
         """(generated tokens, scores): a list for n = 1, else one list per sequence (best beam first)."""
@@ -71,7 +104,17 @@ class Sequence:
         return len(self.tokens) - self.n_prompt
 
     def fork(self, sid, generator=None) -> "Sequence":
-        return Sequence(sid, list(self.tokens), self.n_prompt, self.final_len, generator, self.score)
+        return Sequence(sid, list(self.tokens), self.n_prompt, self.final_len, generator,
+                        self.score)
+
+
+@dataclass
+class Decision:
+    """One step of a request: cache forks (parent sid, child sid) and drops (sid), to apply in
+    that order, then each kept sequence's next token and score."""
+    forks: list = field(default_factory=list)
+    drops: list = field(default_factory=list)
+    next: list = field(default_factory=list)  # (sequence, token, score), in the new order
 
 
 def _next_token(seq, row, temperature):
@@ -79,51 +122,48 @@ def _next_token(seq, row, temperature):
         return 0
     if temperature == 0:
         return int(row.argmax())
-    probs = torch.softmax(row.float().cpu() / temperature, dim=-1)
+    probs = torch.softmax(row.cpu().double() / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 
-def decide(group, rows, cache, new_sid) -> None:
-    """Append each sequence's next token. rows: one (V,) logits row per sequence, or None."""
-    req, seqs = group.req, group.seqs
+def decide(group, rows, new_sid) -> Decision:
+    """Each sequence's next token. rows: one (V,) logits row per sequence, or None (no model)."""
+    req, seqs = group.req, list(group.seqs)
     if req.beam_width > 1:
-        _beam_step(group, rows, cache, new_sid)
-    else:
-        if group.fresh and req.n > 1:  # parallel sampling: fork the prefilled prompt n - 1 times
-            for i in range(1, req.n):
-                gen = torch.Generator().manual_seed(req.seed + i) if req.temperature > 0 else None
-                seqs.append(seqs[0].fork(new_sid(), gen))
-                cache.fork(seqs[0].sid, seqs[-1].sid)
-            rows = None if rows is None else rows * req.n
-        for i, s in enumerate(seqs):
-            s.tokens.append(_next_token(s, None if rows is None else rows[i], req.temperature))
-    group.fresh = False
+        return _beam_step(req.beam_width, seqs, rows, new_sid)
+    out = Decision()
+    if group.fresh and req.n > 1:  # parallel sampling: fork the prefilled prompt n - 1 times
+        for i in range(1, req.n):
+            gen = torch.Generator().manual_seed(req.seed + i) if req.temperature > 0 else None
+            seqs.append(seqs[0].fork(new_sid(), gen))
+            out.forks.append((seqs[0].sid, seqs[-1].sid))
+        rows = None if rows is None else rows * req.n
+    for i, s in enumerate(seqs):
+        token = _next_token(s, None if rows is None else rows[i], req.temperature)
+        out.next.append((s, token, s.score))
+    return out
 
 
-def _beam_step(group, rows, cache, new_sid):
-    """Keep the beam_width best continuations of all beams by summed log-probability."""
-    k, seqs = group.req.beam_width, group.seqs
+def _beam_step(k, seqs, rows, new_sid) -> Decision:
+    """Keep the k best continuations of all beams by summed log-probability."""
     if rows is None:
         picks = [(i % len(seqs), 0, seqs[i % len(seqs)].score) for i in range(k)]
     else:
         logp = torch.stack(rows).log_softmax(dim=-1)  # (beams, V)
-        scores = torch.tensor([s.score for s in seqs], dtype=logp.dtype, device=logp.device)[:, None] + logp
+        scores = torch.tensor([s.score for s in seqs], dtype=logp.dtype,
+                              device=logp.device)[:, None] + logp  # (beams, V)
         top = scores.flatten().topk(k)
         V = logp.size(1)
-        picks = [(idx // V, idx % V, val) for val, idx in zip(top.values.tolist(), top.indices.tolist())]
-    used, beams = set(), []
-    for parent, token, score in picks:  # every child first, then the tokens: a fork copies the parent
+        picks = [(idx // V, idx % V, val)
+                 for val, idx in zip(top.values.tolist(), top.indices.tolist())]
+    out, used = Decision(), set()
+    for parent, token, score in picks:  # every child before any token: a fork copies the parent
         if parent in used:
             child = seqs[parent].fork(new_sid())
-            cache.fork(seqs[parent].sid, child.sid)
+            out.forks.append((seqs[parent].sid, child.sid))
         else:
             used.add(parent)
             child = seqs[parent]
-        beams.append((child, token, score))
-    for i, s in enumerate(seqs):
-        if i not in used:
-            cache.free_sequence(s.sid)
-    for child, token, score in beams:
-        child.tokens.append(int(token))
-        child.score = float(score)
-    group.seqs[:] = [child for child, _, _ in beams]
+        out.next.append((child, int(token), float(score)))
+    out.drops = [s.sid for i, s in enumerate(seqs) if i not in used]
+    return out

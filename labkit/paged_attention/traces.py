@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..validate import check_int
 from .sampling import Request
 
 __all__ = ["LengthDistribution", "SHAREGPT", "ALPACA", "synthetic_trace"]
@@ -44,10 +45,10 @@ def synthetic_trace(num_requests, dist=SHAREGPT, *, max_len, rate=None, scale=1.
     """``num_requests`` requests with lengths from ``dist`` (means times ``scale``), clipped so that
     prompt + output <= ``max_len``, arriving as a Poisson process of ``rate`` requests per engine
     step (all at step 0 when ``rate`` is None). Prompt tokens are uniform in [0, vocab_size)."""
-    if not isinstance(num_requests, int) or num_requests < 1:
-        raise ValueError(f"num_requests={num_requests!r} must be a positive int")
-    if not isinstance(max_len, int) or max_len < 2:
-        raise ValueError(f"max_len={max_len!r} must be an int >= 2")
+    check_int("num_requests", num_requests, 1)
+    check_int("max_len", max_len, 2)
+    check_int("vocab_size", vocab_size, 1)
+    check_int("seed", seed, 0)
     if rate is not None and not rate > 0:
         raise ValueError(f"rate={rate!r} must be positive (requests per step) or None")
     rng = np.random.default_rng(seed)
