@@ -210,6 +210,11 @@ def test_korthikanti_table_2():
         assert activation_bytes(s, b, h, a, tp=t, recompute="selective") == pytest.approx(sbh * (10 + 24 / t))
         assert activation_bytes(s, b, h, a, t, True, "selective") == pytest.approx(34 * sbh / t)
         assert activation_bytes(s, b, h, a, tp=t, recompute="full") == pytest.approx(2 * sbh)
+        # tp_size and sequence_parallel are the names; tp and sp, the earlier ones, still work
+        assert activation_bytes(s, b, h, a, tp_size=t, sequence_parallel=True) == activation_bytes(
+            s, b, h, a, tp=t, sp=True)
+    with pytest.raises(ValueError, match="disagree"):
+        activation_bytes(s, b, h, a, tp_size=2, tp=8)
 
 
 def test_labkit_formula_at_t1_is_chapter_1s():
