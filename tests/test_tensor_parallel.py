@@ -40,8 +40,11 @@ def runs():
     return launch(tp_checks, 4, CFG, **GLOO)
 
 
-@pytest.mark.roundoff
-@pytest.mark.parametrize("t,sp", CONFIGS)
+# the roundoff mark (re-run under another CPU kernel setting): the cheapest case of each equivalence
+ROUNDOFF_CASE = pytest.mark.roundoff
+
+
+@pytest.mark.parametrize("t,sp", [pytest.param(*c, marks=ROUNDOFF_CASE) if c == (2, True) else c for c in CONFIGS])
 def test_outputs_loss_and_every_gradient_equal_the_unsharded_model(runs, t, sp):
     for r in runs:
         res = r["tp"][(t, sp)]
@@ -99,8 +102,7 @@ def test_memory_per_rank_matches_the_formulas(runs, t, sp):
         assert res["none"][0] < plain
 
 
-@pytest.mark.roundoff
-@pytest.mark.parametrize("sp", [True, False])
+@pytest.mark.parametrize("sp", [pytest.param(True, marks=ROUNDOFF_CASE), False])
 def test_a_plain_training_loop_over_tp_trains_like_one_process(runs, sp):
     for r in runs:
         for t in (2, 4):
@@ -113,8 +115,7 @@ def test_a_plain_training_loop_over_tp_trains_like_one_process(runs, sp):
             assert res["reductions"] == (4 if sp else None)
 
 
-@pytest.mark.roundoff
-@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("sp", [False, pytest.param(True, marks=ROUNDOFF_CASE)])
 def test_tp_with_zero1_on_a_2x2_mesh_trains_like_one_process(runs, sp):
     res = [r["zero1"][sp] for r in runs]
     assert sorted(r["dp_rank"] for r in res) == [0, 0, 1, 1]
