@@ -221,6 +221,7 @@ def bench_rank(rank, world_size, cfg, batch_size=2, tp_sizes=(1, 2, 4), steps=5,
             F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
 
         for name, step in (("labkit", ours_step), ("dtensor", theirs_step)):
+            step()  # a first step: labkit's first forward also checks that the ranks' batches agree
             with CommCounter() as comm:
                 step()
             out[(t, name)] = {"seconds": _timed(step, steps, dev), "bytes": sum(comm.stats.bytes.values()),
