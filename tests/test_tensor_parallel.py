@@ -1,29 +1,38 @@
 """labkit.tensor_parallel on real gloo ranks: equality, collectives, memory, DTensor, TP x ZeRO-1.
 
 One 4-rank launch serves every distributed test: tensor parallelism over two 2-rank groups and
-over all 4 ranks, each with and without sequence parallelism, then 2 x 2 TP x ZeRO-1.
+over all 4 ranks, each with and without sequence parallelism; plain training loops at t = 2 and 4;
+2 x 2 TP x ZeRO-1; the refusals; generation.
 """
 
 import pytest
 import torch
-from torch.testing import assert_close
 
 from labkit.dist import launch
 from labkit.memory import activation_bytes as chapter1_activation_bytes
 from labkit.memory import korthikanti_activation_bytes
-from labkit.model import get_preset
-from labkit.tensor_parallel import (RECOMPUTE, activation_bytes, check_tp_size, collectives_per_layer,
-                                    collectives_per_step, model_activation_bytes, params_per_rank,
-                                    shard_indices)
+from labkit.model import build_model, get_preset
+from labkit.runs.tensor_parallel import roundoff
+from labkit.tensor_parallel import (RECOMPUTE, activation_bytes, apply_tensor_parallel, check_tp_size,
+                                    collectives_per_layer, collectives_per_step, layer_comm_bytes, layer_flops,
+                                    model_activation_bytes, params_per_rank, shard_indices)
 from tp_workers import tp_checks
 
 CFG = get_preset("tiny")
 BATCH = 2  # tp_rank's default
 CONFIGS = [(t, sp) for t in (2, 4) for sp in (False, True)]
 GLOO = dict(backend="gloo", timeout_s=120, join_timeout_s=600)  # a loaded 2-core machine is slow
-# Each output element is a sum over h (or 4h) products that tensor parallelism splits into t
-# partial sums added by a collective: the same terms in another order, a few fp32 ulps apart.
-SUM_ORDER = dict(rtol=1e-5, atol=1e-6)
+# Every equivalence below is judged by the round-off floor measured in the same run (see
+# labkit.runs.tensor_parallel_ref): the error of the sharded float32 result against the unsharded
+# model in float64 must be within ROUNDOFF times the unsharded float32 model's own error. Both are
+# float32 computations of the same sums in different orders, so they err alike on any CPU or GPU;
+# a missing or doubled collective is off by orders of magnitude more.
+ROUNDOFF = 4
+
+
+def within_roundoff(pair, what=""):
+    err, floor = pair
+    assert err <= ROUNDOFF * floor, f"{what}: error {err:.3g} > {ROUNDOFF} x the run's round-off {floor:.3g}"
 
 
 @pytest.fixture(scope="module")
@@ -31,36 +40,29 @@ def runs():
     return launch(tp_checks, 4, CFG, **GLOO)
 
 
-def _full_logits(runs, t, sp):
-    """Concatenate the vocabulary columns of the first tp group's ranks: (B, T, V)."""
-    res = [r["tp"][(t, sp)] for r in runs[:t]]
-    assert [r["tp_rank"] for r in res] == list(range(t))
-    return torch.cat([r["logits"] for r in res], dim=-1)
+# the roundoff mark (re-run under another CPU kernel setting): the cheapest case of each equivalence
+ROUNDOFF_CASE = pytest.mark.roundoff
 
 
-@pytest.mark.parametrize("t,sp", CONFIGS)
+@pytest.mark.parametrize("t,sp", [pytest.param(*c, marks=ROUNDOFF_CASE) if c == (2, True) else c for c in CONFIGS])
 def test_outputs_loss_and_every_gradient_equal_the_unsharded_model(runs, t, sp):
-    ref = runs[0]["tp"]
-    assert_close(_full_logits(runs, t, sp), ref["ref_logits"], **SUM_ORDER)
     for r in runs:
         res = r["tp"][(t, sp)]
-        # the loss's sum of exps runs over V/t columns per rank, then over ranks
-        assert_close(torch.tensor(res["loss"]), torch.tensor(ref["ref_loss"]), rtol=1e-6, atol=0)
-        assert len(res["grads"]) == 4 * 12 + 4  # every parameter of this rank: 12 per block, 4 outside
-        for name, (diff, scale) in res["grads"].items():
-            # weight gradients of split layers sum over B T rows on one rank: no cross-rank sum,
-            # yet the input gradients feeding them came through one, so the same bound holds
-            assert diff <= SUM_ORDER["atol"] + SUM_ORDER["rtol"] * scale, (t, sp, name, diff, scale)
+        assert res["n_grads"] == 4 * 12 + 4  # every parameter of this rank: 12 per block, 4 outside
+        # logits are gathered from the V/t columns: whole (B, T, V) on every rank
+        within_roundoff(res["logits"], (t, sp, "logits"))
+        within_roundoff(res["loss"], (t, sp, "loss"))
+        # one floor for all 52 gradients, each error and floor relative to its gradient's size
+        within_roundoff(res["grads"], (t, sp, "gradients"))
 
 
 @pytest.mark.parametrize("t,sp", CONFIGS)
 def test_pytorch_dtensor_tensor_parallelism_gives_the_same_outputs(runs, t, sp):
-    ours = _full_logits(runs, t, sp)
     for r in runs:
         res = r["tp"][(t, sp)]
-        # both add t partial sums by a collective; their orders may differ from each other's
-        assert_close(res["dtensor_logits"], ours, **SUM_ORDER)
-        assert_close(torch.tensor(res["dtensor_loss"]), torch.tensor(res["loss"]), rtol=1e-6, atol=0)
+        # DTensor adds the same t partial sums by its own collectives: the same floor holds
+        within_roundoff(res["dtensor_logits"], (t, sp, "DTensor logits"))
+        within_roundoff(res["dtensor_loss"], (t, sp, "DTensor loss"))
 
 
 @pytest.mark.parametrize("t,sp", CONFIGS)
@@ -75,6 +77,11 @@ def test_collectives_counted_per_layer_and_per_step(runs, t, sp):
         assert all(v == n * u for pas in ("forward", "backward") for k, n in layer[pas].items()
                    for v in [layer["bytes"][pas][k]])
         assert {k: v["calls"] for k, v in res["comm"].items()} == want_step
+        # the bytes a rank sends in a ring, from what was counted: an all-reduce sends 2 (t-1)/t of
+        # its tensor, an all-gather or a reduce-scatter (t-1)/t; layer_comm_bytes predicts the sum
+        ring = {"all_reduce": 2 * (t - 1) / t, "all_gather": (t - 1) / t, "reduce_scatter": (t - 1) / t}
+        sent = sum(ring[k] * v for pas in ("forward", "backward") for k, v in layer["bytes"][pas].items())
+        assert sent == pytest.approx(layer_comm_bytes(CFG.seq_len, BATCH, CFG.d_model, t, 4, sp), rel=1e-12)
     assert want_step == ({"all_gather": 27, "reduce_scatter": 18, "all_reduce": 4} if sp else {"all_reduce": 21})
 
 
@@ -95,22 +102,33 @@ def test_memory_per_rank_matches_the_formulas(runs, t, sp):
         assert res["none"][0] < plain
 
 
-@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("sp", [pytest.param(True, marks=ROUNDOFF_CASE), False])
+def test_a_plain_training_loop_over_tp_trains_like_one_process(runs, sp):
+    for r in runs:
+        for t in (2, 4):
+            res = r["train"][sp][t]
+            # three SGD steps (one of them accumulating two backward passes): see ROUNDOFF
+            within_roundoff(res["losses"], (t, sp, "losses"))
+            within_roundoff(res["params"], (t, sp, "parameters"))
+            assert res["explicit_calls"] == 0  # summed already at the end of backward: nothing left
+            # one sum per backward pass: 3 steps, one of them with two passes
+            assert res["reductions"] == (4 if sp else None)
+
+
+@pytest.mark.parametrize("sp", [False, pytest.param(True, marks=ROUNDOFF_CASE)])
 def test_tp_with_zero1_on_a_2x2_mesh_trains_like_one_process(runs, sp):
     res = [r["zero1"][sp] for r in runs]
     assert sorted(r["dp_rank"] for r in res) == [0, 0, 1, 1]
+    other = next(r for r in res if r["dp_rank"] != res[0]["dp_rank"])
+    # each data-parallel rank's loss is the mean over its half of the rows: their mean is the batch's
+    mean = torch.tensor([(a + b) / 2 for a, b in zip(res[0]["losses"], other["losses"])])
+    ref = res[0]["ref_losses"]
+    # plain SGD (Adam would magnify round-off where a gradient is near zero): see ROUNDOFF
+    within_roundoff(roundoff(mean, torch.tensor(ref["32"]), torch.tensor(ref["64"], dtype=torch.float64)),
+                    (sp, "losses"))
     for r in res:
         assert len(r["losses"]) == 3
-        # each data-parallel rank's loss is the mean over its half of the rows: their mean is the
-        # global batch's; fp32 sums in another order, ~1e-7 relative
-        mean = torch.tensor([(a + b) / 2 for a, b in zip(res[0]["losses"], res[2]["losses"])]) \
-            if res[0]["dp_rank"] != res[2]["dp_rank"] else None
-        assert mean is not None
-        assert_close(mean, torch.tensor(r["ref_losses"]), rtol=1e-6, atol=0)
-        for name, (diff, scale) in r["params"].items():
-            # Adam's early steps are about lr * g / |g|: a ~1e-7 relative gradient difference
-            # becomes up to ~2e-5 where |g| is tiny (the ZeRO tests' bound)
-            assert diff <= 5e-5, (sp, name, diff)
+        within_roundoff(r["params"], (sp, "parameters"))
 
 
 def test_bad_input_is_refused_naming_both_sides(runs):
@@ -121,10 +139,48 @@ def test_bad_input_is_refused_naming_both_sides(runs):
     assert "tp_size=2" in msg["twice"] and "size 4" in msg["twice"]
 
 
+def test_ranks_with_different_models_or_batches_are_refused(runs):
+    for r in runs:
+        res = r["unequal"]
+        assert "differ across ranks" in res["check"] and "same seed" in res["check"]
+        assert res["broadcast"] == 0.0  # init_sync="broadcast": every rank holds rank 0's model exactly
+        assert "different batches" in res["batch"]
+        assert res["same_batch_loss"] == runs[0]["unequal"]["same_batch_loss"]
+
+
+def test_vocab_parallel_loss_refuses_targets_the_model_refuses(runs):
+    for r in runs:
+        msg = r["targets"]
+        assert "target 256 is outside [0, vocab_size=256)" in msg["too_large"] and "-100" in msg["too_large"]
+        assert "target -1 is outside" in msg["minus_one"] and "-100" in msg["minus_one"]
+        assert "every target is -100" in msg["all_ignored"]
+
+
+def test_generation_on_a_tensor_parallel_model(runs):
+    ref = runs[0]["generation"]
+    # greedy tokens can only flip where two logits tie within round-off: this reference has none
+    assert ref["margin"] > 1e3 * torch.finfo(torch.float32).eps * ref["scale"]
+    for r in runs:
+        gen = r["generation"]
+        assert torch.equal(gen["uncached"], ref["want"])  # every rank: the unsharded model's tokens
+        assert torch.equal(gen["cached"], ref["want"])  # the KV cache holds this rank's heads
+        assert "cannot decode with a KV cache" in gen["sp_cache"]
+
+
 def test_a_pipeline_stages_part_is_sharded_and_a_sharded_model_deep_copies(runs):
     for r in runs:
-        # the same sums over h in t partial sums as in the whole model's test
-        assert max(r["stage"]) <= 1e-5, r["stage"]
+        for pair in r["stage"]:
+            within_roundoff(pair, "stage output")  # the same sums over h in t partial sums
+
+
+def test_sequence_parallel_must_be_a_bool():
+    model = build_model("tiny")
+    with pytest.raises(TypeError, match="sequence_parallel='no' must be True or False"):
+        apply_tensor_parallel(model, None, sequence_parallel="no")
+    with pytest.raises(TypeError, match="sequence_parallel=1 must be True or False"):
+        collectives_per_layer(1)
+    with pytest.raises(ValueError, match="init_sync='maybe'"):
+        apply_tensor_parallel(model, None, init_sync="maybe")
 
 
 def test_check_tp_size_names_the_argument_and_both_values():
@@ -134,6 +190,10 @@ def test_check_tp_size_names_the_argument_and_both_values():
         check_tp_size(4, n_head=4, d_model=6)
     with pytest.raises(ValueError, match="tp_size=0 must be an int >= 1"):
         check_tp_size(0)
+    with pytest.raises(ValueError, match="tp_size=True must be an int >= 1"):
+        check_tp_size(True)  # a bool is not an int
+    with pytest.raises(ValueError, match="tp_size=True"):
+        layer_flops(64, 2, 128, True)
     with pytest.raises(ValueError, match="recompute='some'"):
         activation_bytes(64, 2, 128, 4, recompute="some")
     with pytest.raises(ValueError, match="dropout"):
@@ -151,6 +211,11 @@ def test_korthikanti_table_2():
         assert activation_bytes(s, b, h, a, tp=t, recompute="selective") == pytest.approx(sbh * (10 + 24 / t))
         assert activation_bytes(s, b, h, a, t, True, "selective") == pytest.approx(34 * sbh / t)
         assert activation_bytes(s, b, h, a, tp=t, recompute="full") == pytest.approx(2 * sbh)
+        # tp_size and sequence_parallel are the names; tp and sp, the earlier ones, still work
+        assert activation_bytes(s, b, h, a, tp_size=t, sequence_parallel=True) == activation_bytes(
+            s, b, h, a, tp=t, sp=True)
+    with pytest.raises(ValueError, match="disagree"):
+        activation_bytes(s, b, h, a, tp_size=2, tp=8)
 
 
 def test_labkit_formula_at_t1_is_chapter_1s():
@@ -174,13 +239,11 @@ def test_tensor_parallelism_on_cuda_with_nccl():
     world = 4 if torch.cuda.device_count() >= 4 else 2
     results = launch(tp_rank, world, CFG, tp_sizes=(world,), recomputes=("none",), backend="nccl", timeout_s=300)
     for sp in (False, True):
-        # cuBLAS and NCCL sum in yet other orders: the same float round-off bound as on gloo
-        assert_close(_full_logits([{"tp": r} for r in results], world, sp), results[0]["ref_logits"], **SUM_ORDER)
         for r in results:
-            for loss in (r[(world, sp)]["loss"], r[(world, sp)]["dtensor_loss"]):
-                assert_close(torch.tensor(loss), torch.tensor(r["ref_loss"]), rtol=1e-5, atol=0)
-            for name, (diff, scale) in r[(world, sp)]["grads"].items():
-                assert diff <= SUM_ORDER["atol"] + SUM_ORDER["rtol"] * scale, (sp, name, diff, scale)
+            res = r[(world, sp)]
+            # cuBLAS and NCCL sum in yet other orders; the floor is measured on the same GPU
+            for key in ("logits", "loss", "grads", "dtensor_logits", "dtensor_loss"):
+                within_roundoff(res[key], (sp, key))
         acts, params = results[0][(world, sp)]["memory"]["none"]
         want = model_activation_bytes(CFG, BATCH, world, sp, device_type="cuda").total
         assert params == 4 * params_per_rank(CFG, world) and abs(acts / want - 1) <= 0.02, (acts, want)

@@ -5,15 +5,16 @@ import copy
 import torch
 import torch.distributed as dist
 
+from labkit.kv_cache import generate
 from labkit.model import build_model, get_preset
-from labkit.runs.tensor_parallel import make_batch, tp_rank, tp_zero1_rank
+from labkit.runs.tensor_parallel import make_batch, roundoff, tp_rank, tp_train_rank, tp_zero1_rank
 from labkit.tensor_parallel import apply_tensor_parallel
 
 
-def _refusal(fn):
+def _refusal(fn, kind=ValueError):
     try:
         fn()
-    except ValueError as err:
+    except kind as err:
         return str(err)
     return None
 
@@ -36,29 +37,83 @@ def _bad_inputs(world_size):
             "dropout": _refusal(shard(dropout=0.1)), "twice": _refusal(twice)}
 
 
+def _seeded(cfg, seed):
+    torch.manual_seed(seed)
+    return build_model(cfg)
+
+
+def _unequal_ranks(cfg):
+    """Models built from a different seed on each rank, and batches that differ by rank."""
+    rank = dist.get_rank()
+    out = {"check": _refusal(lambda: apply_tensor_parallel(_seeded(cfg, rank), None))}
+    model = apply_tensor_parallel(_seeded(cfg, rank), None, init_sync="broadcast")
+    twin = apply_tensor_parallel(_seeded(cfg, 0), None)  # what rank 0's model is, on every rank
+    x, y = make_batch(cfg, 2)
+    with torch.no_grad():
+        out["broadcast"] = max((p - q).abs().max().item() for p, q in zip(model.parameters(), twin.parameters()))
+    x_rank, y_rank = make_batch(cfg, 2, seed=rank)
+    out["batch"] = _refusal(lambda: copy.deepcopy(twin)(x_rank, y_rank))
+    out["same_batch_loss"] = twin(x, y).item()  # the same batch everywhere passes the check
+    return out
+
+
+def _bad_targets(cfg):
+    """The vocabulary-parallel loss given targets the unsharded model refuses."""
+    model = apply_tensor_parallel(_seeded(cfg, 0), None)
+    x, y = make_batch(cfg, 2)
+    out = {}
+    for name, value in (("too_large", cfg.vocab_size), ("minus_one", -1)):
+        bad = y.clone()
+        bad[0, 3] = value
+        out[name] = _refusal(lambda: model(x, bad))
+    out["all_ignored"] = _refusal(lambda: model(x, torch.full_like(y, -100)))
+    return out
+
+
+def _generation(cfg, new_tokens=8):
+    """Greedy tokens of the unsharded model, and of its t = world_size shard with and without the
+    KV cache; the reference's smallest top-1 logit margin; the sequence-parallel refusal."""
+    full = _seeded(cfg, 0).eval()
+    prompt, _ = make_batch(cfg, 2)
+    prompt = prompt[:, :8]
+    with torch.no_grad():
+        want = generate(full, prompt, new_tokens, use_cache=False)
+        top2 = full(want[:, :-1])[:, prompt.size(1) - 1:].topk(2, dim=-1).values  # (B, n, 2)
+    model = apply_tensor_parallel(copy.deepcopy(full), None)
+    out = {"want": want, "margin": (top2[..., 0] - top2[..., 1]).min().item(),
+           "scale": top2.abs().max().item(),
+           "cached": generate(model, prompt, new_tokens), "uncached": generate(model, prompt, new_tokens,
+                                                                               use_cache=False)}
+    sp = apply_tensor_parallel(copy.deepcopy(full), None, sequence_parallel=True)
+    out["sp_cache"] = _refusal(lambda: generate(sp, prompt, new_tokens))
+    return out
+
+
 def _stage_and_copy(cfg):
     """A pipeline stage's part of the model (the embedding and two blocks, no head) sharded over the
-    world group, and a deep copy of it: max |output - the unsharded part's| for each."""
-    torch.manual_seed(0)
-    full = build_model(cfg)
+    world group, and a deep copy of it: (error, floor) of each against the unsharded part."""
+    full = _seeded(cfg, 0)
     x, _ = make_batch(cfg, 2)
+    full64 = copy.deepcopy(full).double()
     with torch.no_grad():
         want = full.blocks[1](full.blocks[0](full.embed(x)))  # (B, T, C)
+        want64 = full64.blocks[1](full64.blocks[0](full64.embed(x)))
     stage = copy.deepcopy(full)
     stage.blocks, stage.ln_f, stage.lm_head = stage.blocks[:2], None, None
     stage = apply_tensor_parallel(stage, None)
     twin = copy.deepcopy(stage)  # shares the process group, copies the shards
-    diffs = []
     with torch.no_grad():
-        for model in (stage, twin):
-            diffs.append((model.blocks[1](model.blocks[0](model.embed(x))) - want).abs().max().item())
-    return diffs
+        return [roundoff(m.blocks[1](m.blocks[0](m.embed(x))), want, want64) for m in (stage, twin)]
 
 
 def tp_checks(rank, world_size, cfg):
-    """tp_size 2 (two groups) and 4, with and without SP; then the 2 x 2 TP x ZeRO-1 runs."""
+    """tp_size 2 (two groups) and 4, with and without SP; plain loops; the 2 x 2 TP x ZeRO-1 runs."""
     out = {"tp": tp_rank(rank, world_size, cfg, tp_sizes=(2, 4))}
+    out["train"] = {sp: tp_train_rank(rank, world_size, cfg, sequence_parallel=sp) for sp in (True, False)}
     out["zero1"] = {sp: tp_zero1_rank(rank, world_size, cfg, sequence_parallel=sp) for sp in (False, True)}
     out["refusals"] = _bad_inputs(world_size)
+    out["unequal"] = _unequal_ranks(cfg)
+    out["targets"] = _bad_targets(cfg)
+    out["generation"] = _generation(cfg)
     out["stage"] = _stage_and_copy(cfg)
     return out

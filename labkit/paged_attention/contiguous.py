@@ -47,7 +47,8 @@ class KVCache:
     def for_model(cls, model, batch_size, max_len=None):
         """A cache shaped for ``model`` (a labkit GPT), on its device and in its dtype."""
         cfg, p = model.cfg, next(model.parameters())
-        return cls(cfg.n_layer, batch_size, cfg.n_head, cfg.head_dim, max_len or cfg.seq_len,
+        n_head = cfg.n_head // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
+        return cls(cfg.n_layer, batch_size, n_head, cfg.head_dim, max_len or cfg.seq_len,
                    device=p.device, dtype=p.dtype)
 
     @property

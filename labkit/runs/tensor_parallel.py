@@ -1,9 +1,12 @@
 """What Chapter 5's ranks run: labkit's tensor parallelism against the unsharded model and against
-PyTorch's DTensor version, its memory and collectives measured, and TP composed with ZeRO-1.
+PyTorch's DTensor version, its memory and collectives measured, plain training loops, and TP
+composed with ZeRO-1.
 
 ``tp_rank`` serves the lab, the tests and the benchmark; launch it with
 ``labkit.dist.launch(tp_rank, world_size, cfg, ...)``. Each tp_size in ``tp_sizes`` runs over the
-"tp" axis of a (world_size / t, t) device mesh; every rank sees the same batch.
+"tp" axis of a (world_size / t, t) device mesh; every rank sees the same batch. Equivalences are
+reported as (error, floor): the error against the unsharded model in float64, and the floor, the
+unsharded model's own float32 error against it (:func:`roundoff`).
 """
 
 from __future__ import annotations
@@ -18,59 +21,16 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..checkpoint import apply_checkpointing
-from ..data import get_batch, load_corpus
 from ..dist import CommCounter, rank_device
 from ..memory import MemoryMeter
 from ..model import build_model
-from ..tensor_parallel import RECOMPUTE, apply_tensor_parallel, sync_sequence_parallel_grads
-from ..zero import ShardedOptimizer
+from ..tensor_parallel import RECOMPUTE
+from .tensor_parallel_ref import (make_batch, named_tensors, reference_step, roundoff, roundoff_named,
+                                  sharded_copy, sharded_like)
+from .tensor_parallel_train import tp_train_rank, tp_zero1_rank
 
-__all__ = ["tp_rank", "tp_zero1_rank", "bench_rank", "apply_dtensor_tp", "dtensor_forward", "make_batch",
-           "reference_step", "sharded_like"]
-
-
-def make_batch(cfg, batch_size: int, seed: int = 0, device="cpu"):
-    """(x, y) (B, T) int64 from the shipped corpus, the same on every rank for a seed."""
-    return get_batch(load_corpus(), batch_size, cfg.seq_len, generator=torch.Generator().manual_seed(seed),
-                     device=device)
-
-
-def reference_step(model, x, y):
-    """Logits, loss and gradients of the unsharded model (gradients left in ``.grad``)."""
-    model.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        logits = model(x)  # (B, T, V)
-    loss = model(x, y)
-    loss.backward()
-    return logits, loss.detach()
-
-
-def sharded_like(full_model, group, sequence_parallel: bool, grads: bool = False) -> dict:
-    """name -> this rank's shard of each parameter (or of its gradient) of ``full_model``, cut
-    by the same ``apply_tensor_parallel`` whose output is being checked."""
-    twin = copy.deepcopy(full_model)
-    if grads:
-        for p, q in zip(twin.parameters(), full_model.parameters()):
-            p.data = q.grad.detach().clone()
-    apply_tensor_parallel(twin, group, sequence_parallel)
-    return {n: p.detach() for n, p in twin.named_parameters()}
-
-
-def _sharded_copy(full, group, sequence_parallel, shard=True):
-    """A copy of ``full`` without its gradients, sharded over ``group`` (or left whole)."""
-    model = copy.deepcopy(full)
-    model.zero_grad(set_to_none=True)
-    return apply_tensor_parallel(model, group, sequence_parallel) if shard else model
-
-
-def _shard_check(model, want: dict, grads: bool) -> dict:
-    """name -> (max |ours - want|, max |want|), over this rank's parameters or gradients."""
-    out = {}
-    for n, p in model.named_parameters():
-        ours = (p.grad if grads else p).detach()
-        out[n] = ((ours - want[n]).abs().max().item(), want[n].abs().max().item())
-    return out
-
+__all__ = ["tp_rank", "tp_train_rank", "tp_zero1_rank", "bench_rank", "apply_dtensor_tp", "dtensor_forward",
+           "make_batch", "reference_step", "sharded_like", "roundoff", "roundoff_named"]
 
 def _activations(model, x, y, measure: bool = True) -> tuple[int, int] | None:
     """(activation bytes kept at the end of forward, parameter bytes) measured by the meter.
@@ -99,8 +59,9 @@ def _layer_collectives(model, cfg, batch_size, t, sp, dev):
     with CommCounter() as fwd:
         out = block(h)
     with CommCounter() as bwd:
-        out.sum().backward()
-    model.zero_grad(set_to_none=True)
+        # the gradient of h runs every collective of the layer's backward (the weight gradients are
+        # computed in the same Functions); the sequence-parallel gradients' sum is once per step
+        torch.autograd.grad(out.sum(), h)
     return {"forward": dict(fwd.stats.calls), "backward": dict(bwd.stats.calls),
             "bytes": {"forward": dict(fwd.stats.bytes), "backward": dict(bwd.stats.bytes)}}
 
@@ -154,6 +115,41 @@ def dtensor_forward(model, idx, mesh, sequence_parallel: bool):
     return model.lm_head(model.ln_f(x))
 
 
+def _references(full, x, y) -> dict:
+    """The unsharded model's logits, loss and gradients in float32 (``full`` itself) and float64."""
+    refs = {}
+    for key, m in (("32", full), ("64", copy.deepcopy(full).double())):
+        logits, loss = reference_step(m, x, y)
+        refs[key] = {"logits": logits.cpu(), "loss": loss.cpu(), "model": m}
+    return refs
+
+
+def _check_step(model, refs, x, y, group, sp) -> dict:
+    """One plain step of the sharded model against the references, as (error, floor) pairs, and
+    the collectives of that step (the first forward, which checks the batch, is not counted)."""
+    with torch.no_grad():
+        logits = model(x).cpu()  # (B, T, V) on every rank, gathered from the V/t columns
+    with CommCounter() as comm:
+        loss = model(x, y)
+        loss.backward()  # the sequence-parallel gradients are summed at its end, by themselves
+    grads = named_tensors(model, grads=True)
+    want = {k: sharded_like(r["model"], group, sp, grads=True) for k, r in refs.items()}
+    return {"comm": comm.stats.as_dict(), "n_grads": len(grads),
+            "logits": roundoff(logits, refs["32"]["logits"], refs["64"]["logits"]),
+            "loss": roundoff(loss.detach().cpu(), refs["32"]["loss"], refs["64"]["loss"]),
+            "grads": roundoff_named(grads, want["32"], want["64"])}
+
+
+def _dtensor_check(full, refs, x, y, mesh, sp) -> dict:
+    """PyTorch's DTensor tensor parallelism on the same ranks: logits and loss as (error, floor)."""
+    ref = apply_dtensor_tp(copy.deepcopy(full), mesh, sp)
+    with torch.no_grad():
+        logits = dtensor_forward(ref, x, mesh, sp)  # (B, T, V)
+    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    return {"dtensor_logits": roundoff(logits.cpu(), refs["32"]["logits"], refs["64"]["logits"]),
+            "dtensor_loss": roundoff(loss.cpu(), refs["32"]["loss"], refs["64"]["loss"])}
+
+
 def tp_rank(rank, world_size, cfg, batch_size=2, tp_sizes=None, dtensor=True, recomputes=RECOMPUTE):
     """For each t in ``tp_sizes`` (default: world_size) and with/without sequence parallelism:
     logits, loss and gradients against the unsharded model, collectives counted, DTensor's
@@ -165,40 +161,26 @@ def tp_rank(rank, world_size, cfg, batch_size=2, tp_sizes=None, dtensor=True, re
     x, y = make_batch(cfg, batch_size, device=dev)
     torch.manual_seed(0)
     full = build_model(cfg, device=dev)
-    ref_logits, ref_loss = reference_step(full, x, y)
-    results = {"ref_loss": ref_loss.item()}
+    refs = _references(full, x, y)
+    results = {}
     for t in tp_sizes or (world_size,):
         mesh = init_device_mesh(dev.type, (world_size // t, t), mesh_dim_names=("dp", "tp"))
         group = mesh.get_group("tp")
         for sp in (False, True):
-            res = results[(t, sp)] = {"tp_rank": dist.get_rank(group)}
-            model = _sharded_copy(full, group, sp)
-            with CommCounter() as comm:
-                loss = model(x, y)
-                loss.backward()
-                sync_sequence_parallel_grads(model, group)
-            res["comm"], res["loss"] = comm.stats.as_dict(), loss.item()
-            res["grads"] = _shard_check(model, sharded_like(full, group, sp, grads=True), grads=True)
-            with torch.no_grad():
-                res["logits"] = model(x).cpu()  # (B, T, V/t): this rank's vocabulary columns
+            model = sharded_copy(full, group, sp)
+            res = results[(t, sp)] = {"tp_rank": dist.get_rank(group), **_check_step(model, refs, x, y, group, sp)}
             res["layer_comm"] = _layer_collectives(model, cfg, batch_size, t, sp, dev)
             if recomputes:
                 res["memory"] = {}
                 for recompute in recomputes:
-                    m = _sharded_copy(full, group, sp)
+                    m = sharded_copy(full, group, sp)
                     if recompute != "none":
                         apply_checkpointing(m, recompute)
                     res["memory"][recompute] = _activations(m, x, y, measure=rank == 0)
             if dtensor:
-                tmesh = mesh["tp"]
-                ref = apply_dtensor_tp(copy.deepcopy(full), tmesh, sp)
-                with torch.no_grad():
-                    res["dtensor_logits"] = dtensor_forward(ref, x, tmesh, sp).cpu()  # (B, T, V)
-                res["dtensor_loss"] = F.cross_entropy(dtensor_forward(ref, x, tmesh, sp).flatten(0, 1),
-                                                      y.flatten()).item()
+                res.update(_dtensor_check(full, refs, x, y, mesh["tp"], sp))
     if recomputes and rank == 0:
-        results["memory_t1"] = _activations(_sharded_copy(full, None, False, shard=False), x, y)
-    results["ref_logits"] = ref_logits.cpu()
+        results["memory_t1"] = _activations(sharded_copy(full, None, False, shard=False), x, y)
     return results
 
 
@@ -228,59 +210,20 @@ def bench_rank(rank, world_size, cfg, batch_size=2, tp_sizes=(1, 2, 4), steps=5,
     for t in tp_sizes:
         mesh = init_device_mesh(dev.type, (world_size // t, t), mesh_dim_names=("dp", "tp"))
         group, sp = mesh.get_group("tp"), sequence_parallel and t > 1
-        ours = _sharded_copy(full, group, sp, shard=t > 1)
+        ours = sharded_copy(full, group, sp, shard=t > 1)
         theirs = apply_dtensor_tp(copy.deepcopy(full), mesh["tp"], sp) if t > 1 else copy.deepcopy(full)
 
         def ours_step():
-            ours(x, y).backward()
-            sync_sequence_parallel_grads(ours, group)
+            ours(x, y).backward()  # the sequence-parallel gradients are summed at its end
 
         def theirs_step():
             logits = dtensor_forward(theirs, x, mesh["tp"], sp) if t > 1 else theirs(x)
             F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
 
         for name, step in (("labkit", ours_step), ("dtensor", theirs_step)):
+            step()  # a first step: labkit's first forward also checks that the ranks' batches agree
             with CommCounter() as comm:
                 step()
             out[(t, name)] = {"seconds": _timed(step, steps, dev), "bytes": sum(comm.stats.bytes.values()),
                               "calls": sum(comm.stats.calls.values())}
     return out
-
-
-def tp_zero1_rank(rank, world_size, cfg, batch_size=4, steps=3, lr=3e-3, dp_size=2, sequence_parallel=False):
-    """TP over the mesh's "tp" axis, labkit's ZeRO-1 over its "dp" axis, against one process.
-
-    Each data-parallel rank trains on its rows of the global batch; returns per-rank losses and
-    the (max |ours - one process|, max |one process|) of every parameter shard at the end.
-    """
-    dev = rank_device()
-    if dev.type == "cpu":
-        torch.set_num_threads(1)
-    tp_size = world_size // dp_size
-    mesh = init_device_mesh(dev.type, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
-    tp_group, dp_group = mesh.get_group("tp"), mesh.get_group("dp")
-    dp_rank = dist.get_rank(dp_group)
-    torch.manual_seed(0)
-    full = build_model(cfg, device=dev)
-    single = copy.deepcopy(full)
-    model = _sharded_copy(full, tp_group, sequence_parallel)
-    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, group=dp_group, lr=lr)
-    ref_opt = torch.optim.AdamW(single.parameters(), lr=lr)
-    rows = batch_size // dp_size
-    losses, ref_losses = [], []
-    for step in range(steps):
-        x, y = make_batch(cfg, batch_size, seed=step, device=dev)
-        loss = model(x[dp_rank * rows:(dp_rank + 1) * rows], y[dp_rank * rows:(dp_rank + 1) * rows])
-        loss.backward()
-        sync_sequence_parallel_grads(model, tp_group)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        ref_loss = single(x, y)  # one process, the whole global batch
-        ref_loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad(set_to_none=True)
-        ref_losses.append(ref_loss.item())
-    want = sharded_like(single, tp_group, sequence_parallel)
-    return {"losses": losses, "ref_losses": ref_losses, "dp_rank": dp_rank,
-            "params": _shard_check(model, want, grads=False)}

@@ -1,24 +1,27 @@
 """Tensor and sequence parallelism from scratch over ``torch.distributed`` (Chapter 5).
 
-``comm``: Megatron's conjugate operators f and g, and the sequence-parallel all-gather /
-reduce-scatter pair, as autograd Functions. ``layers``: column- and row-parallel linears, the
+``comm``: Megatron's conjugate operators f and g, the sequence-parallel reduce-scatter, and the
+logits' gather, as autograd Functions. ``layers``: column- and row-parallel linears, the
 vocabulary-parallel embedding and cross-entropy. ``apply``: ``apply_tensor_parallel(model,
-group, sequence_parallel=False)`` on labkit's GPT. ``analytic``: Korthikanti et al.'s
-activation bytes, labkit's own, parameters per rank and collectives per layer.
+group, sequence_parallel=False)`` on labkit's GPT. ``sync``: the end-of-backward sum of the
+sequence-parallel gradients. ``analytic``: Korthikanti et al.'s activation bytes, labkit's own,
+parameters per rank and collectives per layer.
 """
 
 from .analytic import (RECOMPUTE, activation_bytes, collectives_per_layer, collectives_per_step,
                        layer_comm_bytes, layer_flops, model_activation_bytes, params_per_rank)
-from .apply import (ParallelSelfAttention, SequenceShardedEmbedding, apply_tensor_parallel, check_tp_size,
-                    sync_sequence_parallel_grads)
-from .comm import copy_to_tp, gather_from_sp, reduce_from_tp, reduce_scatter_to_sp
+from .apply import (INIT_SYNCS, ParallelSelfAttention, SequenceShardedEmbedding, apply_tensor_parallel,
+                    check_tp_size)
+from .comm import copy_to_tp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp
 from .layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss,
                      shard_indices, vocab_parallel_cross_entropy)
+from .sync import SequenceParallelGradSync, sync_sequence_parallel_grads
 
 __all__ = [
-    "apply_tensor_parallel", "sync_sequence_parallel_grads", "check_tp_size", "ParallelSelfAttention",
-    "SequenceShardedEmbedding", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
-    "vocab_parallel_cross_entropy", "VocabParallelLoss", "shard_indices", "copy_to_tp", "reduce_from_tp", "gather_from_sp",
-    "reduce_scatter_to_sp", "activation_bytes", "model_activation_bytes", "params_per_rank",
-    "collectives_per_layer", "collectives_per_step", "layer_flops", "layer_comm_bytes", "RECOMPUTE",
+    "apply_tensor_parallel", "sync_sequence_parallel_grads", "SequenceParallelGradSync", "check_tp_size",
+    "INIT_SYNCS", "ParallelSelfAttention", "SequenceShardedEmbedding", "ColumnParallelLinear",
+    "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "VocabParallelLoss",
+    "shard_indices", "copy_to_tp", "reduce_from_tp", "reduce_scatter_to_sp", "gather_from_tp",
+    "activation_bytes", "model_activation_bytes", "params_per_rank", "collectives_per_layer",
+    "collectives_per_step", "layer_flops", "layer_comm_bytes", "RECOMPUTE",
 ]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from ..memory.analytic import ActivationBytes
 from ..memory.analytic import activation_bytes as chapter1_activation_bytes
+from ..validate import check_choice, check_int
 from .apply import check_tp_size
+from .comm import check_flag
 
 __all__ = ["RECOMPUTE", "activation_bytes", "model_activation_bytes", "params_per_rank",
            "collectives_per_layer", "collectives_per_step", "layer_flops", "layer_comm_bytes"]
@@ -18,23 +20,32 @@ __all__ = ["RECOMPUTE", "activation_bytes", "model_activation_bytes", "params_pe
 RECOMPUTE = ("none", "selective", "full")
 
 
-def _check(tp, sp, recompute):
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ValueError(f"tp={tp!r} must be an int >= 1")
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} must be one of {list(RECOMPUTE)}")
-    return tp if sp else 1  # what the LayerNorm / dropout regions are divided by
+def _degree(tp_size, tp) -> int:
+    """``tp_size``, or ``tp`` (the name these functions had before) when only that is given."""
+    if tp is not None:
+        if tp_size not in (None, 1, tp):
+            raise ValueError(f"tp_size={tp_size!r} and tp={tp!r} disagree: give tp_size only")
+        tp_size = tp
+    return check_int("tp_size", 1 if tp_size is None else tp_size, minimum=1)
 
 
-def activation_bytes(s: int, b: int, h: int, a: int, tp: int = 1, sp: bool = False,
-                     recompute: str = "none") -> float:
+def _check(tp_size, sequence_parallel, recompute):
+    check_int("tp_size", tp_size, minimum=1)
+    check_flag("sequence_parallel", sequence_parallel)
+    check_choice("recompute", recompute, RECOMPUTE)
+    return tp_size if sequence_parallel else 1  # what the LayerNorm / dropout regions are divided by
+
+
+def activation_bytes(s: int, b: int, h: int, a: int, tp_size: int = 1, sequence_parallel: bool = False,
+                     recompute: str = "none", *, tp: int | None = None, sp: bool | None = None) -> float:
     """Activation bytes per transformer layer per rank, Korthikanti et al. (2022), Table 2.
 
-    none: sbh(10 + 24/t + 5as/(ht)), or sbh/t (34 + 5as/h) with ``sp``; selective drops the
-    5as/h attention-core term; full keeps the layer input only: 2sbh (2sbh/t with ``sp``).
+    none: sbh(10 + 24/t + 5as/(ht)), or sbh/t (34 + 5as/h) with ``sequence_parallel``; selective
+    drops the 5as/h attention-core term; full keeps the layer input only: 2sbh (2sbh/t with SP).
+    t = ``tp_size``; ``tp=`` and ``sp=`` are the earlier names, still accepted.
     """
-    r = _check(tp, sp, recompute)
-    t = tp
+    t = _degree(tp_size, tp)
+    r = _check(t, sequence_parallel if sp is None else sp, recompute)
     if recompute == "full":
         return 2 * s * b * h / r
     core = 0 if recompute == "selective" else 5 * a * s / h
@@ -97,7 +108,7 @@ def collectives_per_layer(sequence_parallel: bool = False) -> dict:
     parallel: an all-gather in and a reduce-scatter out of each region forward, their
     transposes backward, plus an all-gather of each saved input shard for the weight gradient.
     """
-    if sequence_parallel:
+    if check_flag("sequence_parallel", sequence_parallel):
         return {"forward": {"all_gather": 2, "reduce_scatter": 2},
                 "backward": {"all_gather": 4, "reduce_scatter": 2}}
     return {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
@@ -108,6 +119,9 @@ def collectives_per_step(n_layer: int, sequence_parallel: bool = False, embeddin
     """Calls per step of each collective: ``collectives_per_layer`` x n_layer, plus the embedding
     (one g forward), the head (lm_head's f or gather), the loss (three all-reduces) and, with
     sequence parallelism, one all-reduce of the replicated parameters' gradients."""
+    check_int("n_layer", n_layer, minimum=1)
+    for name, flag in (("sequence_parallel", sequence_parallel), ("embedding", embedding), ("head", head)):
+        check_flag(name, flag)
     total: dict = {}
 
     def add(kind, n):
@@ -128,20 +142,26 @@ def collectives_per_step(n_layer: int, sequence_parallel: bool = False, embeddin
             add("all_reduce", 1)  # f before lm_head, backward
         add("all_reduce", 3)  # the loss: max, target logit, sum of exps
     if sequence_parallel:
-        add("all_reduce", 1)  # sync_sequence_parallel_grads
+        add("all_reduce", 1)  # the end-of-backward sum of the sequence-parallel gradients
     return total
 
 
-def layer_flops(s: int, b: int, h: int, tp: int = 1) -> float:
+def layer_flops(s: int, b: int, h: int, tp_size: int = 1, *, tp: int | None = None) -> float:
     """Training FLOPs of one layer per rank: 3 (24 b s h² + 4 b s² h) / t (forward, and backward
-    twice the forward; Narayanan et al. 2021, Section 5.1)."""
-    _check(tp, False, "none")
-    return 3 * (24 * b * s * h * h + 4 * b * s * s * h) / tp
+    twice the forward; Narayanan et al. 2021, Section 5.1). ``tp=``: tp_size's earlier name."""
+    t = _degree(tp_size, tp)
+    return 3 * (24 * b * s * h * h + 4 * b * s * s * h) / t
 
 
-def layer_comm_bytes(s: int, b: int, h: int, tp: int, dtype_bytes: int = 2) -> float:
-    """Bytes one rank sends per layer per step: four all-reduces of (s, b, h), each 2(t-1)/t of
-    the tensor in a ring (with sequence parallelism the same bytes as reduce-scatters and
-    all-gathers, plus the two re-gathers of the backward)."""
-    _check(tp, False, "none")
-    return 4 * 2 * (tp - 1) / tp * s * b * h * dtype_bytes
+def layer_comm_bytes(s: int, b: int, h: int, tp_size: int | None = None, dtype_bytes: int = 2,
+                     sequence_parallel: bool = False, *, tp: int | None = None) -> float:
+    """Bytes one rank sends per layer per step in a ring, for ``collectives_per_layer``'s calls.
+
+    Plain: four all-reduces of (s, b, h), each 2(t-1)/t of the tensor. With sequence parallelism
+    the same four as reduce-scatter + all-gather pairs, (t-1)/t each, plus the backward's two
+    re-gathers of the saved input shards: 10 (t-1)/t sbh e instead of 8 (t-1)/t sbh e.
+    """
+    t = _degree(tp_size, tp)
+    check_flag("sequence_parallel", sequence_parallel)
+    halves = 10 if sequence_parallel else 8  # all-gathers and reduce-scatters; an all-reduce is two
+    return halves * (t - 1) / t * s * b * h * dtype_bytes

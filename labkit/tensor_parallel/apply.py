@@ -4,22 +4,33 @@ Each shard is cut from the full model, so a seeded full model and its sharded ve
 compared. Attention is split by heads (c_attn column-parallel by q, k and v, c_proj
 row-parallel), the MLP by its 4h columns, the tied embedding by vocabulary rows; the loss is the
 vocabulary-parallel cross-entropy. With ``sequence_parallel`` the LayerNorm and dropout regions
-run on (B, T/t, C) sequence shards (Korthikanti et al. 2022); then call
-:func:`sync_sequence_parallel_grads` after backward.
+run on (B, T/t, C) sequence shards (Korthikanti et al. 2022), and the gradients of the
+parameters used there are summed over the group at the end of each backward pass by itself
+(:mod:`.sync`). Called without targets, the model returns whole (B, T, V) logits on every rank.
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .comm import check_seq_divisible
+from ..collectives import broadcast_from_rank0, check_same_across_ranks, group_src
+from ..validate import check_choice, check_int
+from .comm import GroupRef, check_flag, check_seq_divisible, gather_from_tp
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss
+from .sync import SequenceParallelGradSync, sync_sequence_parallel_grads
 
 __all__ = ["apply_tensor_parallel", "check_tp_size", "sync_sequence_parallel_grads", "ParallelSelfAttention",
-           "SequenceShardedEmbedding"]
+           "SequenceShardedEmbedding", "INIT_SYNCS"]
+
+# How apply_tensor_parallel makes sure the ranks start from the same model: refuse ranks whose
+# parameters differ ("check", the default), copy rank 0's to every rank ("broadcast"), or trust
+# the caller (None: every rank cut its shards from the same tensors, as the tests' twins do).
+INIT_SYNCS = ("check", "broadcast", None)
 
 
 def check_tp_size(tp_size: int, n_head: int | None = None, d_model: int | None = None,
@@ -30,8 +41,7 @@ def check_tp_size(tp_size: int, n_head: int | None = None, d_model: int | None =
     No padding rule: pad the vocabulary to a multiple of t yourself (Megatron pads it to a
     multiple of 128 t with unused rows).
     """
-    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
-        raise ValueError(f"tp_size={tp_size!r} must be an int >= 1")
+    check_int("tp_size", tp_size, minimum=1)
     for name, value in (("n_head", n_head), ("d_model", d_model), ("vocab_size", vocab_size)):
         if value is not None and value % tp_size:
             hint = " (pad the vocabulary to a multiple of tp_size)" if name == "vocab_size" else ""
@@ -50,14 +60,15 @@ class ParallelSelfAttention(nn.Module):
         self.c_proj = RowParallelLinear(attn.c_proj, group, sequence_parallel=sequence_parallel, name="d_model")
         self.core = attn.core
 
-    def forward(self, x):
+    def forward(self, x, attend=None):
+        """``attend(q, k, v)``, when given, replaces ``core``: a KV cache holding this rank's heads."""
         qkv = self.c_attn(x)  # (B, T, 3 nh/t hs): the whole sequence, this rank's heads
         B, T, _ = qkv.shape
         q, k, v = qkv.chunk(3, dim=-1)  # 3 x (B, T, nh/t hs)
         q = q.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh/t, T, hs)
         k = k.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh/t, T, hs)
         v = v.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh/t, T, hs)
-        y = self.core(q, k, v)  # (B, nh/t, T, hs)
+        y = (self.core if attend is None else attend)(q, k, v)  # (B, nh/t, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, nh/t hs)
         y = self.c_proj(y)  # (B, T, C), or (B, T/t, C) under sequence parallelism
         if self.training and self.dropout > 0:
@@ -85,30 +96,74 @@ def _mark_sequence_parallel(module: nn.Module) -> None:
         p.sequence_parallel = True
 
 
-def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = False) -> nn.Module:
-    """Shard ``model`` in place over ``group`` (``None``: the default group) and return it.
-
-    Transforms what is present: ``wte``/``wpe`` (embedding), each of ``blocks``, ``ln_f``/``lm_head``
-    (head; ``model.loss`` becomes the vocabulary-parallel loss and the logits stay (B, T, V/t)).
-    Needs dropout 0: masks drawn on replicated activations would differ between ranks.
-    """
-    t = dist.get_world_size(group)
-    sp = bool(sequence_parallel)
+def _check_shardable(model: nn.Module, t: int) -> None:
+    """Refuse a model already sharded, a tp_size that does not divide its shapes, and dropout."""
     if getattr(model, "tp_size", None) is not None:
         raise ValueError(f"model is already tensor-parallel over tp_size={model.tp_size}; the group has "
                          f"size {t}: apply_tensor_parallel to the full model")
-    blocks = list(getattr(model, "blocks", []))
-    wte, wpe = getattr(model, "wte", None), getattr(model, "wpe", None)
-    lm_head, ln_f = getattr(model, "lm_head", None), getattr(model, "ln_f", None)
-    for block in blocks:
+    for block in getattr(model, "blocks", []):
         attn = block.attn
         check_tp_size(t, n_head=attn.c_attn.out_features // 3 // attn.head_dim, d_model=attn.c_proj.out_features)
         if attn.dropout > 0:
             raise ValueError(f"dropout={attn.dropout} must be 0 under tensor parallelism here: ranks would draw "
                              "different masks on replicated activations (Megatron keeps an RNG tracker for it)")
+    wte, lm_head = getattr(model, "wte", None), getattr(model, "lm_head", None)
     vocab = wte.num_embeddings if wte is not None else (lm_head.out_features if lm_head is not None else None)
     check_tp_size(t, vocab_size=vocab)
-    for block in blocks:
+
+
+def _sync_initial_state(model: nn.Module, group, init_sync) -> None:
+    """Make the ranks start from the same full model, or refuse them (see ``INIT_SYNCS``)."""
+    if init_sync == "broadcast":
+        broadcast_from_rank0([p for p in model.parameters()], group)
+    elif init_sync == "check":
+        check_same_across_ranks(model.named_parameters(), group, what="parameters")
+
+
+def _check_same_batch(tensors, group) -> None:
+    """Raise ValueError on every rank of ``group`` unless all of them hold the same ``tensors``."""
+    differs = 0
+    for t in tensors:
+        theirs = t.clone()
+        dist.broadcast(theirs, src=group_src(group), group=group)
+        differs |= int(not torch.equal(theirs, t))
+    flag = torch.tensor([differs], device=tensors[0].device)
+    dist.all_reduce(flag, group=group)
+    if flag.item():
+        raise ValueError(f"the ranks of a tensor-parallel group hold different batches ({int(flag.item())} of "
+                         f"{dist.get_world_size(group)} differ from rank 0's): every rank of the group must see "
+                         "the same token ids and targets; split the batch over data-parallel ranks instead")
+
+
+def _tp_forward(self, idx, targets=None, kv_cache=None):
+    """The model's forward on this rank; without targets, whole (B, T, V) logits on every rank."""
+    group = self._tp_group.group
+    if kv_cache is not None and self.sequence_parallel:
+        raise ValueError("sequence_parallel=True cannot decode with a KV cache: a step feeds one token, which "
+                         "cannot be split over tp_size ranks; shard the model without sequence_parallel")
+    if not self._tp_batch_checked:  # once: the first batch tells whether the ranks are fed alike
+        _check_same_batch([idx] if targets is None else [idx, targets], group)
+        self._tp_batch_checked = True
+    out = type(self).forward(self, idx, targets, kv_cache)
+    return out if targets is not None else gather_from_tp(out, group)  # (B, T, V/t) -> (B, T, V)
+
+
+def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = False, *,
+                          init_sync: str | None = "check") -> nn.Module:
+    """Shard ``model`` in place over ``group`` (``None``: the default group) and return it.
+
+    Transforms what is present: ``wte``/``wpe`` (embedding), each of ``blocks``, ``ln_f``/``lm_head``
+    (head; ``model.loss`` becomes the vocabulary-parallel loss). ``init_sync``: see ``INIT_SYNCS``;
+    the first forward also checks that the ranks see the same batch. Needs dropout 0.
+    """
+    sp = check_flag("sequence_parallel", sequence_parallel)
+    check_choice("init_sync", init_sync, INIT_SYNCS)
+    t = dist.get_world_size(group)
+    _check_shardable(model, t)
+    _sync_initial_state(model, group, init_sync)
+    wte, wpe = getattr(model, "wte", None), getattr(model, "wpe", None)
+    lm_head, ln_f = getattr(model, "lm_head", None), getattr(model, "ln_f", None)
+    for block in getattr(model, "blocks", []):
         block.attn = ParallelSelfAttention(block.attn, group, sp)
         block.mlp.c_fc = ColumnParallelLinear(block.mlp.c_fc, group, sequence_parallel=sp, name="4 * d_model")
         block.mlp.c_proj = RowParallelLinear(block.mlp.c_proj, group, sequence_parallel=sp, name="4 * d_model")
@@ -124,27 +179,14 @@ def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = Fal
         model.lm_head = ColumnParallelLinear(lm_head, group, sequence_parallel=sp, name="vocab_size")
         if tied:
             model.lm_head.weight = model.wte.weight  # one (V/t, C) shard, as one (V, C) weight before
-        # an instance attribute shadows GPT.loss, which forward() calls
+        # instance attributes shadow GPT.loss and GPT.forward, which nn.Module's call runs
         model.loss = VocabParallelLoss(group, vocab_start=dist.get_rank(group) * model.lm_head.out_features)
+        model.forward = types.MethodType(_tp_forward, model)
+        model._tp_batch_checked = False
     if ln_f is not None and sp:
         _mark_sequence_parallel(ln_f)
-    model.tp_size, model.sequence_parallel = t, sp
+    if sp:  # the partial gradients of what runs on sequence shards, summed at the end of backward
+        model._sp_grad_sync = SequenceParallelGradSync(
+            [p for p in model.parameters() if getattr(p, "sequence_parallel", False)], group)
+    model.tp_size, model.sequence_parallel, model._tp_group = t, sp, GroupRef(group)
     return model
-
-
-@torch.no_grad()
-def sync_sequence_parallel_grads(model: nn.Module, group) -> None:
-    """Sum over the group the gradients of replicated parameters used on sequence shards.
-
-    LayerNorms, row-parallel biases and position embeddings see T/t positions per rank, so
-    each rank's gradient is partial. One all-reduce of their flattened gradients.
-    """
-    grads = [p.grad for p in model.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])  # (n,)
-    dist.all_reduce(flat, group=group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()

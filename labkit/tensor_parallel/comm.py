@@ -2,10 +2,12 @@
 
 ``copy_to_tp`` is f (identity forward, all-reduce backward) and ``reduce_from_tp`` is g
 (all-reduce forward, identity backward): Shoeybi et al. (2019), Figure 3. With sequence
-parallelism (Korthikanti et al. 2022, Figure 5) the pair becomes ``gather_from_sp`` (their
-g: all-gather along the sequence forward, reduce-scatter backward) and ``reduce_scatter_to_sp``
-(their g-bar: reduce-scatter forward, all-gather backward). Activations are (B, T, C); the
-sequence is dimension 1.
+parallelism (Korthikanti et al. 2022, Figure 5) the pair becomes their g (all-gather along the
+sequence forward, reduce-scatter backward) and ``reduce_scatter_to_sp``
+(their g-bar: reduce-scatter forward, all-gather backward); the all-gather that re-enters a
+region is fused into the linear layer after it (``layers._GatherLinear``). ``gather_from_tp``
+assembles the vocabulary-split logits for generation. Activations are (B, T, C); the sequence
+is dimension 1.
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ import torch.distributed as dist
 
 from ..collectives import all_gather_flat, reduce_scatter_flat
 
-__all__ = ["copy_to_tp", "reduce_from_tp", "gather_from_sp", "reduce_scatter_to_sp",
-           "all_gather_seq", "reduce_scatter_seq", "check_seq_divisible", "GroupRef"]
+__all__ = ["copy_to_tp", "reduce_from_tp", "reduce_scatter_to_sp", "gather_from_tp", "all_gather_seq",
+           "reduce_scatter_seq", "check_seq_divisible", "check_flag", "GroupRef"]
+
+
+def check_flag(name: str, value) -> bool:
+    """Return ``value`` if it is True or False: a string such as "no" is not taken as a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} must be True or False")
+    return value
 
 
 class GroupRef:
@@ -84,19 +93,6 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-class _GatherFromSP(torch.autograd.Function):
-    """Korthikanti's g: all-gather the sequence forward, reduce-scatter the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_seq(grad, ctx.group), None
-
-
 class _ReduceScatterToSP(torch.autograd.Function):
     """Korthikanti's g-bar: reduce-scatter partial sums forward, all-gather the gradient backward."""
 
@@ -110,6 +106,23 @@ class _ReduceScatterToSP(torch.autograd.Function):
         return all_gather_seq(grad, ctx.group), None
 
 
+class _GatherFromTP(torch.autograd.Function):
+    """All-gather the last dimension forward; backward, each rank keeps its own columns' gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.rank, ctx.width = dist.get_rank(group), x.size(-1)
+        t = dist.get_world_size(group)
+        out = all_gather_flat(x.contiguous().view(-1), t, group)  # (t * N * V/t,)
+        parts = out.view(t, *x.shape).movedim(0, -2)  # (..., t, V/t)
+        return parts.reshape(*x.shape[:-1], t * x.size(-1))  # (..., V): rank r's columns at r V/t
+
+    @staticmethod
+    def backward(ctx, grad):
+        start = ctx.rank * ctx.width
+        return grad[..., start:start + ctx.width].contiguous(), None
+
+
 def copy_to_tp(x, group):
     """Megatron's f: enters a tensor-parallel region with a replicated input."""
     return _CopyToTP.apply(x, group)
@@ -120,11 +133,11 @@ def reduce_from_tp(x, group):
     return _ReduceFromTP.apply(x, group)
 
 
-def gather_from_sp(x, group):
-    """Enters a tensor-parallel region from a sequence shard (B, T/t, C) -> (B, T, C)."""
-    return _GatherFromSP.apply(x, group)
-
-
 def reduce_scatter_to_sp(x, group):
     """Leaves a tensor-parallel region into a sequence shard (B, T, C) partial -> (B, T/t, C)."""
     return _ReduceScatterToSP.apply(x, group)
+
+
+def gather_from_tp(x, group):
+    """(..., V/t) column shards on every rank -> (..., V) on every rank: the logits for sampling."""
+    return _GatherFromTP.apply(x, group)

@@ -5,7 +5,9 @@
 ``vocab_parallel_cross_entropy`` (the loss over vocabulary-split logits, never gathered whole):
 Shoeybi et al. (2019), Section 3. ``sequence_parallel=True`` swaps f and g for the all-gather /
 reduce-scatter pair of Korthikanti et al. (2022); replicated parameters used on a sequence shard
-are marked ``p.sequence_parallel = True``: their gradients must be summed over the group.
+are marked ``p.sequence_parallel = True``: their gradients must be summed over the group
+(``apply_tensor_parallel`` does it at the end of backward; layers used alone, through
+``sync_sequence_parallel_grads``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .comm import (GroupRef, all_gather_seq, copy_to_tp, reduce_from_tp, reduce_scatter_seq,
+from .comm import (GroupRef, all_gather_seq, check_flag, copy_to_tp, reduce_from_tp, reduce_scatter_seq,
                    reduce_scatter_to_sp)
 
 __all__ = ["shard_indices", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
@@ -40,7 +42,8 @@ class _GroupHolder(nn.Module):
     """A module that communicates over ``self.group`` (kept in a :class:`GroupRef`)."""
 
     def _hold(self, group, sequence_parallel):
-        self._group, self.sequence_parallel = GroupRef(group), bool(sequence_parallel)
+        self._group = GroupRef(group)
+        self.sequence_parallel = check_flag("sequence_parallel", sequence_parallel)
         return _group_info(group)
 
     @property
@@ -186,12 +189,26 @@ class VocabParallelLoss:
         return vocab_parallel_cross_entropy(logits, targets, self._group.group, self.vocab_start)
 
 
+def _check_targets(targets, V: int, ignore_index: int) -> None:
+    """Every rank holds the same targets: all of them raise together, none waits for the others."""
+    kept = targets != ignore_index
+    bad = kept & ((targets < 0) | (targets >= V))
+    if bool(bad.any()):
+        raise ValueError(f"target {int(targets[bad][0])} is outside [0, vocab_size={V}): targets are token ids, "
+                         f"and a position to leave out of the loss is marked {ignore_index} (ignore_index)")
+    if targets.numel() and not bool(kept.any()):
+        raise ValueError(f"every target is {ignore_index} (ignore_index): the mean over no positions is "
+                         "undefined (torch returns nan); give at least one target")
+
+
 def vocab_parallel_cross_entropy(logits, targets, group, vocab_start: int, ignore_index: int = -100):
     """Mean cross-entropy of (B, T, V/t) vocabulary-split logits against (B, T) targets.
 
     ``vocab_start``: the first vocabulary id of this rank's columns. The full (B, T, V)
-    logits never exist on any rank (Shoeybi et al. 2019, Section 3).
+    logits never exist on any rank (Shoeybi et al. 2019, Section 3). Targets outside [0, V)
+    other than ``ignore_index``, or all of them ignored, raise ValueError as the model's loss does.
     """
     B, T = targets.shape
+    _check_targets(targets, logits.size(-1) * dist.get_world_size(group), ignore_index)
     return _VocabParallelCrossEntropy.apply(logits.reshape(B * T, -1), targets.reshape(B * T), group,
                                             vocab_start, ignore_index)
