@@ -13,12 +13,22 @@ import yaml
 ROOT = Path(__file__).resolve().parent
 
 
+# Labs whose cells check an equivalence against round-off (accumulated = full batch, ...): all
+# their cells carry the ``roundoff`` mark, so ``pytest -m roundoff`` re-runs them from the top
+# (tests/test_cross_machine.py does, under another CPU kernel setting).
+ROUNDOFF_LABS = ("labs/04_accumulation.ipynb",)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """nbval runs a notebook's cells in order in one kernel: send them to one worker."""
     for item in items:
         if item.path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.xdist_group("nbval:" + item.nodeid.split("::")[0]))
+            notebook = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group("nbval:" + notebook))
+            path = item.path.resolve()
+            if path.is_relative_to(ROOT) and path.relative_to(ROOT).as_posix() in ROUNDOFF_LABS:
+                item.add_marker(pytest.mark.roundoff)
 
 
 def toc_pages() -> list[str]:
