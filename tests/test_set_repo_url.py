@@ -25,7 +25,7 @@ def _places(root: Path) -> list[str]:
     found = []
     for path in sru.files_to_scan(root):
         text = path.read_text(encoding="utf-8")
-        for regex in (sru.PIP_RE, sru.COLAB_RE, sru.BLOB_RE):
+        for regex in sru.LINK_RES:
             found += [m.group(0) for m in regex.finditer(text) if sru._own(m, root)]
     return found
 
@@ -33,12 +33,13 @@ def _places(root: Path) -> list[str]:
 def test_every_place_agrees_with_the_setting():
     repo, branch = sru.read_setting()
     places = _places(ROOT)
-    # the labs' install cells, the exercises' Colab links, the labs' links to GPU_RESULTS.md
+    # the labs' install cells, the README's clone line, the exercises' Colab links
     assert sum("git+https://github.com/" in p for p in places) >= 4, places
+    assert sum(p.startswith("git clone https://github.com/") for p in places) >= 1, places
     assert sum("colab.research.google.com" in p for p in places) >= 4, places
     assert sru.disagreements() == [], sru.disagreements()
-    assert all(repo in p for p in places) and all(f"/{branch}/" in p for p in places
-                                                  if "git+" not in p)
+    assert all(repo in p for p in places) and all(
+        f"/{branch}/" in p for p in places if not p.startswith(("git+", "git clone")))
 
 
 @pytest.fixture
