@@ -13,8 +13,8 @@ from sphinx.config import Config
 
 PLACEHOLDER_URL = "https://github.com/gpu-memory-wall/course"
 NOTICE = ("Not yet published: this course's Colab, launch and GitHub links point to the "
-          "placeholder repository <code>github.com/gpu-memory-wall/course</code> until the book "
-          "is published at its own address.")
+          "placeholder repository github.com/gpu-memory-wall/course until the book is published "
+          "at its own address.")
 
 
 def notice_for(repository_url: str | None) -> str | None:
