@@ -187,9 +187,15 @@ def test_each_chapter_is_followed_by_its_lab_then_the_next_chapter(built_book):
             assert nxt == f"labs/../{following}.html", f"{lab}: Next goes to {nxt}"
 
 
-def test_gpu_results_is_a_page_and_the_intro_links_to_it(built_book):
+def test_gpu_results_is_a_page_and_links_to_it_open_it(built_book, toc_page):
+    """GPU_RESULTS.md is a page; a link to it, on GitHub or as a document, opens that page."""
     assert (built_book.html / "GPU_RESULTS.html").is_file()
-    assert 'href="GPU_RESULTS.html' in (built_book.html / "intro.html").read_text(encoding="utf-8")
+    text = (built_book.html / f"{toc_page}.html").read_text(encoding="utf-8")
+    outside = re.findall(r'href="(https://github\.com/[^"]*/GPU_RESULTS\.md[^"]*)"', text)
+    assert not outside, f"{toc_page} links to GPU_RESULTS.md on GitHub, not to the page: {outside}"
+    source = _source(toc_page).read_text(encoding="utf-8")
+    if re.search(r"\]\(https://github\.com/\S+/GPU_RESULTS\.md|\{doc\}`[^`]*GPU_RESULTS", source):
+        assert re.search(r'href="(\.\./)*GPU_RESULTS\.html', text), f"{toc_page}: no link to it"
 
 
 def _placeholder_notice():
@@ -206,3 +212,17 @@ def test_the_banner_follows_the_repository_setting():
     assert notice.notice_for(notice.PLACEHOLDER_URL + "/")
     assert notice.notice_for("https://github.com/someone/published-course") is None
     assert notice.notice_for(None) is None
+
+
+def test_a_github_link_to_a_page_of_the_book_is_recognised():
+    spec = importlib.util.spec_from_file_location("own_pages", ROOT / "_ext" / "own_pages.py")
+    own = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(own)
+    url, docs = "https://github.com/o/course", {"GPU_RESULTS", "labs/01_memory_wall"}
+    assert own.page_for(f"{url}/blob/main/GPU_RESULTS.md", url, "main", docs) == "GPU_RESULTS"
+    assert own.page_for(f"{url}/blob/main/labs/01_memory_wall.ipynb#top", url, "main",
+                        docs) == "labs/01_memory_wall"
+    assert own.page_for(f"{url}/blob/dev/GPU_RESULTS.md", url, "main", docs) is None  # branch
+    assert own.page_for(f"{url}/blob/main/README.md", url, "main", docs) is None  # not a page
+    assert own.page_for("https://github.com/x/y/blob/main/GPU_RESULTS.md", url, "main",
+                        docs) is None
