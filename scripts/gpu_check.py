@@ -36,7 +36,7 @@ SKIP_MESSAGE = ("No CUDA GPU found (torch.cuda.is_available() is False): skippin
 REASON_WORDS = ("cuda", "gpu")
 NAME_WORDS = ("cuda", "nccl", "triton", "on_the_gpu")
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
-# (name, command, seconds at most, whether its output is a figure to record)
+# (name, command, seconds at most): their printed figures are recorded
 BENCHMARKS = [
     ("bench_memory", ["scripts/bench_memory.py", "--device", "cuda"], 60),
     ("bench_checkpoint", ["scripts/bench_checkpoint.py", "--device", "cuda", "--steps", "3"], 60),
@@ -56,6 +56,7 @@ class Step:
     returncode: int | None = None  # None: timed out or not run
     output: str = ""
     record_output: bool = False
+    cap: float | None = None  # seconds this step may take at most (besides the overall budget)
 
     @property
     def outcome(self) -> str:
@@ -80,18 +81,20 @@ def pytest_collection_modifyitems(config, items) -> None:
 def gpu_steps() -> list[Step]:
     """The CUDA tests, the labs under nbval, then the benchmarks."""
     steps = [
-        Step("CUDA tests", PYTEST + ["-p", "gpu_check", "-rs", "-q", "-o", "addopts=", "tests"]),
+        Step("CUDA tests", PYTEST + ["-p", "gpu_check", "-rs", "-q", "-o", "addopts=", "tests"],
+             cap=150),
         Step("labs under nbval on CUDA",
-             PYTEST + ["--nbval", "-q", "-n", "4", "--dist", "loadgroup", "labs"]),
+             PYTEST + ["--nbval", "-q", "-n", "4", "--dist", "loadgroup", "labs"], cap=180),
     ]
-    steps += [Step(name, [sys.executable, *cmd], record_output=True) for name, cmd, _ in BENCHMARKS]
+    steps += [Step(name, [sys.executable, *cmd], record_output=True, cap=cap)
+              for name, cmd, cap in BENCHMARKS]
     return steps
 
 
-def run_step(step: Step, deadline: float, cap: float | None = None) -> None:
-    """Run ``step`` until it ends or the deadline passes; echo and keep its output."""
+def run_step(step: Step, deadline: float) -> None:
+    """Run ``step`` until it ends, its cap or the deadline passes; echo and keep its output."""
     left = deadline - time.monotonic()
-    limit = left if cap is None else min(cap, left)
+    limit = left if step.cap is None else min(step.cap, left)
     if limit < 5:
         return
     print(f"\n=== {step.name}: {' '.join(step.command)}", flush=True)
@@ -184,9 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     info = environment()
     print("\n".join(f"{k}: {v}" for k, v in info.items()), flush=True)
     steps = gpu_steps()
-    caps = {name: cap for name, _, cap in BENCHMARKS}
     for step in steps:
-        run_step(step, deadline, caps.get(step.name))
+        run_step(step, deadline)
     append_section(args.results, format_section(when, info, steps))
     print(f"\nAppended a section to {args.results}")
     return 0 if all(s.returncode == 0 for s in steps) else 1

@@ -74,3 +74,15 @@ def test_the_section_is_appended_and_the_old_text_kept(tmp_path):
     assert "| bench_memory | FAILED (exit status 1) |" in text and "peak 1.23 GB" in text
     assert "| bench_zero | not run (time budget spent) |" in text
     assert "- torch: 2.13.0" in text and list(tmp_path.iterdir()) == [results]
+
+
+def test_each_benchmark_step_names_a_script_and_flags_it_has():
+    """The GPU run cannot be tried here: at least each command's script and flags must exist."""
+    for name, command, cap in gpu_check.BENCHMARKS:
+        script = ROOT / command[0]
+        assert script.is_file() and cap > 0, name
+        source = script.read_text(encoding="utf-8")
+        for flag in (arg for arg in command[1:] if arg.startswith("--")):
+            assert f'"{flag}"' in source, f"{name}: {script.name} has no {flag} option"
+    names = [s.name for s in gpu_check.gpu_steps()]
+    assert names[:2] == ["CUDA tests", "labs under nbval on CUDA"], names
