@@ -9,6 +9,7 @@ process's one and with one thread. A check tuned to one CPU's bits fails here.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -50,6 +51,17 @@ def test_other_capability_differs_from_the_current_one(current, best, expected):
     assert other_capability(current, best) == expected
 
 
+def _targets() -> list[str]:
+    """The test files that mark a test ``roundoff`` and the labs of conftest.ROUNDOFF_LABS
+    (collecting only these keeps the re-run short)."""
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root_conftest = sys.modules.setdefault("root_conftest", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(root_conftest)  # registered first: its dataclass looks itself up
+    files = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").glob("test_*.py"))
+             if p.name != Path(__file__).name and "mark.roundoff" in p.read_text(encoding="utf-8")]
+    return files + list(root_conftest.ROUNDOFF_LABS)
+
+
 def _counts(junit: Path) -> dict[str, int]:
     suite = ET.parse(junit).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -67,7 +79,7 @@ def test_roundoff_checks_pass_under_other_cpu_kernels(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     junit = tmp_path / "roundoff.xml"
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "-m", "roundoff", "-q", f"--junitxml={junit}", "tests", "labs"]
+           "-m", "roundoff", "-q", f"--junitxml={junit}", *_targets()]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     setting = f"ATEN_CPU_CAPABILITY={other or '(only one offered)'} OMP_NUM_THREADS=1"
     log = (proc.stdout + proc.stderr)[-6000:]
