@@ -17,6 +17,11 @@ _spec = importlib.util.spec_from_file_location("set_repo_url", SCRIPT)
 sru = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sru)
 
+_nspec = importlib.util.spec_from_file_location("placeholder_notice",
+                                                ROOT / "_ext" / "placeholder_notice.py")
+notice = importlib.util.module_from_spec(_nspec)
+_nspec.loader.exec_module(notice)
+
 EXTERNAL = "https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp"
 
 
@@ -76,6 +81,9 @@ def test_the_command_writes_the_address_everywhere(copy_of_course):
                                      "published"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "updated labs/99_new.ipynb" in proc.stdout, proc.stderr
     assert sru.read_setting(copy_of_course) == ("new-owner/gpu-course", "published")
+    # the "not yet published" banner is shown while the setting is the placeholder, not after
+    assert notice.notice_for(f"https://github.com/{old_repo}") is not None
+    assert notice.notice_for("https://github.com/new-owner/gpu-course") is None
     assert sru.disagreements(copy_of_course) == []
     assert len(_places(copy_of_course)) == before  # every place rewritten, none lost
     for path in sru.files_to_scan(copy_of_course):
