@@ -95,7 +95,7 @@ def run_step(step: Step, deadline: float) -> None:
     """Run ``step`` until it ends, its cap or the deadline passes; echo and keep its output."""
     left = deadline - time.monotonic()
     limit = left if step.cap is None else min(step.cap, left)
-    if limit < 5:
+    if limit < 1:
         return
     print(f"\n=== {step.name}: {' '.join(step.command)}", flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(

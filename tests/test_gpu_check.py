@@ -86,3 +86,14 @@ def test_each_benchmark_step_names_a_script_and_flags_it_has():
             assert f'"{flag}"' in source, f"{name}: {script.name} has no {flag} option"
     names = [s.name for s in gpu_check.gpu_steps()]
     assert names[:2] == ["CUDA tests", "labs under nbval on CUDA"], names
+
+
+def test_a_step_is_stopped_at_its_cap_and_a_spent_budget_runs_nothing():
+    import time
+
+    slow = gpu_check.Step("slow", [sys.executable, "-c", "import time; time.sleep(60)"], cap=1.5)
+    gpu_check.run_step(slow, deadline=time.monotonic() + 60)
+    assert slow.outcome == "timed out" and slow.seconds < 30, (slow.outcome, slow.seconds)
+    late = gpu_check.Step("late", [sys.executable, "-c", "print('ran')"])
+    gpu_check.run_step(late, deadline=time.monotonic() - 1)
+    assert late.outcome == "not run (time budget spent)" and late.output == ""
