@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .validate import check_int
+from .validate import check_choice, check_int, check_positive
 
 __all__ = ["launch", "free_port", "init_from_env", "rank_device", "DistributedError", "CommCounter", "CommStats"]
 
@@ -55,7 +55,8 @@ def rank_device() -> torch.device:
 
 def init_from_env(backend: str | None = None, timeout_s: float = 30.0) -> tuple[int, int]:
     """Initialise the default process group from torchrun's environment; return (rank, world_size)."""
-    backend = backend or _default_backend()
+    backend = check_choice("backend", backend or _default_backend(), ("gloo", "nccl"))
+    check_positive("timeout_s", timeout_s)
     if not dist.is_initialized():
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -131,9 +132,10 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     ``[result]`` of this rank.
     """
     check_int("world_size", world_size, 1)
-    backend = backend or _default_backend()
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend={backend!r} must be 'gloo' or 'nccl'")
+    check_positive("timeout_s", timeout_s)  # a negative timedelta would crash inside c10d
+    if join_timeout_s is not None:
+        check_positive("join_timeout_s", join_timeout_s)
+    backend = check_choice("backend", backend or _default_backend(), ("gloo", "nccl"))
     if backend == "nccl" and torch.cuda.device_count() == 0:
         raise ValueError("backend='nccl' needs CUDA GPUs and none is available; use backend='gloo' "
                          "(CPU processes) or None (NCCL when CUDA is there, else gloo)")
