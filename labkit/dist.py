@@ -154,29 +154,9 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
              for r in range(world_size)]
     for p in procs:
         p.start()
-    outputs, deadline = {}, time.monotonic() + join_timeout_s
+    outputs = {}
     try:
-        while len(outputs) < world_size:
-            try:
-                rank, ok, value = results.get(timeout=0.2)
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode not in (None, 0)]
-                if dead:
-                    # a rank died without reporting (killed, segfault): give its queue a moment
-                    try:
-                        rank, ok, value = results.get(timeout=1.0)
-                    except queue_mod.Empty:
-                        raise DistributedError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} "
-                                               "without reporting a result") from None
-                elif time.monotonic() > deadline:
-                    missing = sorted(set(range(world_size)) - set(outputs))
-                    raise DistributedError(f"ranks {missing} did not finish within join_timeout_s="
-                                           f"{join_timeout_s}s (a hung collective or an endless loop?)")
-                else:
-                    continue
-            if not ok:
-                raise DistributedError(_failure_message(world_size, {rank: value}, results))
-            outputs[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=False)
+        _collect(procs, results, world_size, join_timeout_s, outputs)
     finally:
         finished = len(outputs) == world_size  # then the ranks are exiting; else kill them now
         for p in procs:
@@ -187,6 +167,32 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
                 p.join(timeout=5)
         results.close()
     return [outputs[r] for r in range(world_size)]
+
+
+def _collect(procs, results, world_size, join_timeout_s, outputs) -> None:
+    """Fill ``outputs`` (rank -> result) from the ranks' queue; raise on a failure, death or timeout."""
+    deadline = time.monotonic() + join_timeout_s
+    while len(outputs) < world_size:
+        try:
+            rank, ok, value = results.get(timeout=0.2)
+        except queue_mod.Empty:
+            dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode not in (None, 0)]
+            if dead:
+                # a rank died without reporting (killed, segfault): give its queue a moment
+                try:
+                    rank, ok, value = results.get(timeout=1.0)
+                except queue_mod.Empty:
+                    raise DistributedError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} "
+                                           "without reporting a result") from None
+            elif time.monotonic() > deadline:
+                missing = sorted(set(range(world_size)) - set(outputs))
+                raise DistributedError(f"ranks {missing} did not finish within join_timeout_s="
+                                       f"{join_timeout_s}s (a hung collective or an endless loop?)")
+            else:
+                continue
+        if not ok:
+            raise DistributedError(_failure_message(world_size, {rank: value}, results))
+        outputs[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=False)
 
 
 # -- the communication counter --------------------------------------------------------------

@@ -40,7 +40,7 @@ def plot_breakdown(predicted: dict, measured: dict, ax=None, unit: float = 2**20
     import matplotlib.pyplot as plt
 
     check_positive("unit", unit)
-    if set(measured) < set(predicted):
+    if not set(predicted) <= set(measured):
         raise ValueError(f"measured={sorted(measured)} must have every key of predicted={sorted(predicted)}")
     ax = ax or plt.subplots(figsize=(6, 3.2))[1]
     keys = list(predicted)
