@@ -23,6 +23,8 @@ IGNORE_INDEX = -100  # a target that is no token (padding): F.cross_entropy's ig
 
 def encode(text: str) -> torch.Tensor:
     """UTF-8 bytes of ``text`` as an int64 tensor of token ids in [0, 256)."""
+    if not isinstance(text, str):
+        raise ArgumentError(f"text={type(text).__name__} must be a str (decode() turns ids back into text)")
     return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
 
 

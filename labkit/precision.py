@@ -103,10 +103,17 @@ class MasterWeightOptimizer:
         return {"master": [m.detach().clone() for m in self.master], "inner": self.inner.state_dict()}
 
     def load_state_dict(self, state):
+        """Load :meth:`state_dict`'s output; refuse one saved for other parameters (no partial load)."""
+        saved = list(state["master"])
+        shapes = [tuple(t.shape) for t in saved]
+        if shapes != [tuple(m.shape) for m in self.master]:
+            raise ArgumentError(f"state['master'] holds {len(saved)} tensors of shapes {shapes[:4]}..., "
+                                f"but this optimizer has {len(self.master)} parameters of shapes "
+                                f"{[tuple(m.shape) for m in self.master][:4]}...: saved for another model")
+        self.inner.load_state_dict(state["inner"])  # checks its own groups before anything changes
         with torch.no_grad():
-            for m, saved in zip(self.master, state["master"]):
-                m.copy_(saved)
-        self.inner.load_state_dict(state["inner"])
+            for m, t in zip(self.master, saved):
+                m.copy_(t)
 
 
 def make_optimizer(params, precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, **kwargs):

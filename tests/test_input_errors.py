@@ -221,3 +221,20 @@ def _params():
 def test_precision_memory_and_hardware_refuse_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_master_weight_state_saved_for_another_model_is_refused_not_broadcast():
+    small = MasterWeightOptimizer([torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))])
+    big = MasterWeightOptimizer([torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.bfloat16))])
+    with pytest.raises(ValueError, match=r"state\['master'\] holds 1 tensors of shapes \[\(3,\)\]"):
+        big.load_state_dict(small.state_dict())  # copy_ would broadcast (3,) into (4, 3)
+    assert torch.equal(big.master[0], torch.zeros(4, 3))  # nothing was changed
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: train_step(torch.nn.Linear(2, 2), None, torch.ones(2, 2)), "batch=Tensor must be a tuple"),
+    (lambda: labkit.data.encode(b"bytes"), "text=bytes must be a str"),
+])
+def test_a_batch_or_text_of_the_wrong_kind_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

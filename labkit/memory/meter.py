@@ -247,6 +247,8 @@ def train_step(model: torch.nn.Module, optimizer, batch, *, loss_fn=None, meter:
     """
     check_bool("zero_grad", zero_grad)
     check_bool("keep_loss", keep_loss)
+    if not isinstance(batch, (tuple, list)):  # a bare tensor would be unpacked along its rows
+        raise ValueError(f"batch={type(batch).__name__} must be a tuple such as (x, y)")
 
     def phase(name):
         return meter.phase(name) if meter is not None else contextlib.nullcontext()
