@@ -172,6 +172,7 @@ class GPT(nn.Module):
     ``forward(idx, targets)``: the mean cross-entropy loss over positions whose target is not -100."""
 
     def __init__(self, cfg: GPTConfig):
+        _check_config(cfg)
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)

@@ -238,3 +238,13 @@ def test_a_master_weight_state_saved_for_another_model_is_refused_not_broadcast(
 def test_a_batch_or_text_of_the_wrong_kind_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: labkit.model.GPT("tiny"), "cfg='tiny' must be a GPTConfig"),
+    (lambda: labkit.book.glue("x", 1, display="no"), "display='no' must be True or False"),
+    (lambda: labkit.book.glue(3, 1), "name=3 must be a non-empty str"),
+])
+def test_the_model_class_and_glue_name_a_bad_argument(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
