@@ -2,6 +2,7 @@
 
 The corpus is an excerpt (about 200 kB) of Shakespeare's plays, which are in the public
 domain. Tokens are bytes, so ``vocab_size`` is 256 and no tokenizer is downloaded.
+``check_ids`` and ``check_targets`` are the checks the model makes on a batch it is given.
 """
 
 from __future__ import annotations
@@ -9,10 +10,9 @@ from __future__ import annotations
 from importlib import resources
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from .validate import ArgumentError, check_int
-
-from torch._subclasses.fake_tensor import is_fake
 
 __all__ = ["VOCAB_SIZE", "IGNORE_INDEX", "load_corpus", "encode", "decode", "get_batch", "batches",
            "get_padded_batch", "check_ids", "check_targets"]

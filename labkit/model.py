@@ -14,7 +14,6 @@ from functools import partial
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import is_fake
 
 from .data import check_ids, check_targets
 from .validate import ArgumentError, check_bool, check_float, check_int
