@@ -15,7 +15,9 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import is_fake
+
+from .data import check_ids, check_targets
+from .validate import ArgumentError, check_bool, check_float, check_int
 
 __all__ = ["GPTConfig", "GPT", "AttentionCore", "KVCacheProtocol", "PRESETS", "get_preset", "count_params",
            "build_model", "training_flops"]
@@ -34,13 +36,10 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+            check_int(name, getattr(self, name), 1)
         if self.d_model % self.n_head != 0:
             raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
-        if not (0.0 <= float(self.dropout) < 1.0):
-            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
+        check_float("dropout", self.dropout, 0.0, below=1.0)  # "0.1" is refused here, not at forward
 
     @property
     def head_dim(self) -> int:
@@ -66,10 +65,15 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
+def _check_config(cfg) -> None:
+    if not isinstance(cfg, GPTConfig):
+        raise ArgumentError(f"cfg={cfg!r} must be a GPTConfig or a preset name (labkit.model.PRESETS)")
+
+
 def get_preset(name: str, **overrides) -> GPTConfig:
     """Return a named configuration, optionally with fields replaced (e.g. ``dropout=0.1``)."""
-    if name not in PRESETS:
-        raise ValueError(f"preset={name!r} is unknown; valid presets: {sorted(PRESETS)}")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ArgumentError(f"preset={name!r} is unknown; valid presets: {sorted(PRESETS)}")
     return GPTConfig(**{**PRESETS[name].to_dict(), **overrides})
 
 
@@ -79,6 +83,7 @@ def count_params(cfg: GPTConfig) -> int:
     Ψ = V h + s h + L (12 h² + 13 h) + 2 h: token and position embeddings; per block
     qkv (3h² + 3h), projection (h² + h), MLP (8h² + 5h), two LayerNorms (4h); final LayerNorm.
     """
+    _check_config(cfg)
     V, s, h, L = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layer
     return V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h
 
@@ -87,7 +92,7 @@ class AttentionCore(nn.Module):
     """softmax(q kᵀ / sqrt(d)) v with a causal mask and dropout on the probabilities.
 
     q, k, v: (B, nh, T, hs) -> (B, nh, T, hs). The (B, nh, T, T) scores are materialised:
-    this is the 5as/h term of Korthikanti et al. (2022) that Chapter 6 removes.
+    this is the 5as/h term of Korthikanti et al. (2022) that Chapter 7 removes.
     """
 
     def __init__(self, causal_mask: torch.Tensor, dropout: float):
@@ -177,6 +182,7 @@ class GPT(nn.Module):
     ``forward(idx, targets)``: the mean cross-entropy loss over positions whose target is not -100."""
 
     def __init__(self, cfg: GPTConfig):
+        _check_config(cfg)
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -204,18 +210,16 @@ class GPT(nn.Module):
     # embed -> blocks -> head -> loss. forward() is exactly their composition.
     def embed(self, idx, pos=None):
         """Token plus position embeddings (and dropout): idx (B, T) int64 -> x (B, T, C).
-        ``pos``: positions, (T,) or (B, T); by default 0..T-1 (a KV cache passes its offsets)."""
+        ``pos``: positions, (T,) or (B, T); by default 0..T-1 (a KV cache passes its offsets).
+        Ids and positions are range-checked where that is free (labkit.data.check_ids)."""
+        check_ids("idx", idx, self.cfg.vocab_size)
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds seq_len={self.cfg.seq_len}")
-        if idx.numel() and not (idx.is_meta or is_fake(idx)):  # fake and meta tensors hold no ids
-            lo, hi = (int(v) for v in idx.aminmax())
-            if lo < 0 or hi >= self.cfg.vocab_size:
-                raise ValueError(f"token id {lo if lo < 0 else hi} is outside [0, vocab_size={self.cfg.vocab_size})")
         if pos is None:
             pos = torch.arange(T, device=idx.device)  # (T,)
-        elif pos.numel() and int(pos.max()) >= self.cfg.seq_len:
-            raise ValueError(f"position {int(pos.max())} exceeds seq_len={self.cfg.seq_len}")
+        else:
+            check_ids("pos", pos, self.cfg.seq_len, ndim=None, what="position", bound="seq_len")
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         if self.training and self.cfg.dropout > 0:
             x = F.dropout(x, p=self.cfg.dropout, training=True)
@@ -227,7 +231,11 @@ class GPT(nn.Module):
 
     @staticmethod
     def loss(logits, targets):
-        """Mean cross-entropy over positions whose target is not -100: (B, T, V), (B, T) -> ()."""
+        """Mean cross-entropy over positions whose target is not -100: (B, T, V), (B, T) -> ().
+
+        Where the targets are on the host, a target outside [0, V) and a batch whose every target
+        is -100 (a mean over no tokens: torch returns nan) raise a ValueError."""
+        check_targets(targets, logits)
         B, T = targets.shape
         return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-100)
 
@@ -250,8 +258,9 @@ def build_model(cfg: GPTConfig | str, device: str | torch.device = "cpu", dtype:
     """
     if isinstance(cfg, str):
         cfg = get_preset(cfg)
-    if not isinstance(cfg, GPTConfig):
-        raise TypeError(f"cfg must be a GPTConfig or a preset name, got {type(cfg).__name__}")
+    _check_config(cfg)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise ArgumentError(f"dtype={dtype!r} must be None or a floating torch.dtype (torch.bfloat16)")
     device = torch.device(device)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype or previous)  # create parameters in their final dtype
@@ -277,8 +286,9 @@ def training_flops(cfg: GPTConfig, global_batch: int, recompute: bool = False) -
     that, full recomputation one more forward; the logit layer 2 B s h V forward, 4 B s h V back:
     72 B s L h² (1 + s/(6h) + V/(12 L h)), or 96 B s L h² (1 + s/(6h) + V/(16 L h)) recomputing.
     """
-    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
-        raise ValueError(f"global_batch={global_batch!r} must be an int >= 1")
+    _check_config(cfg)
+    check_int("global_batch", global_batch, 1)
+    check_bool("recompute", recompute)
     B, s, h, L, V = global_batch, cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.vocab_size
     layer_forward = 24 * B * s * h * h + 4 * B * s * s * h
     return (4 if recompute else 3) * L * layer_forward + 6 * B * s * h * V

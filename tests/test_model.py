@@ -112,3 +112,20 @@ def test_cuda_model_has_the_cpu_weights_and_one_mask():
     for (name, a), (_, b) in zip(cpu.state_dict().items(), gpu.state_dict().items()):
         assert torch.equal(a, b.cpu()), name  # same generator, same draws: identical
     assert len({b.attn.core.causal_mask.data_ptr() for b in gpu.blocks}) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_forward_and_loss_never_wait_for_the_host():
+    # the id and target checks read values only on the CPU: on a GPU they would be a
+    # device-to-host copy (a sync) in every step; torch's sync debug mode raises on one
+    from labkit.data import batches
+
+    model = build_model(get_preset("tiny", n_layer=1), device="cuda")
+    x, y = next(batches(2, 16, device="cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = model(x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss)
