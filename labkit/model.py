@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .shapes import PRESETS as SHAPES
+from .shapes import ModelShape
 from .data import check_ids, check_targets
 from .validate import ArgumentError, check_bool, check_float, check_int
 
@@ -54,13 +56,16 @@ class GPTConfig:
 # Llama 2's) and vocabulary (Touvron et al. 2023) on our GPT-2 block, which has a 4h GELU MLP instead of SwiGLU,
 # LayerNorm instead of RMSNorm, learned positions instead of RoPE and tied embeddings:
 # about 6.6B parameters instead of 6.7B.
+def _gpt2_block(name: str) -> GPTConfig:
+    """A runnable config of a GPT-2-block shape of :data:`labkit.shapes.PRESETS` (one source of shapes)."""
+    shape = SHAPES[name]
+    return GPTConfig(n_layer=shape.n_layer, n_head=shape.n_head, d_model=shape.d_model,
+                     seq_len=shape.seq_len, vocab_size=shape.vocab_size)
+
+
 PRESETS: dict[str, GPTConfig] = {
-    "tiny": GPTConfig(n_layer=4, n_head=4, d_model=128, seq_len=64, vocab_size=256),
-    "gpt2-small": GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024, vocab_size=50257),
-    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, d_model=1024, seq_len=1024, vocab_size=50257),
-    "gpt2-large": GPTConfig(n_layer=36, n_head=20, d_model=1280, seq_len=1024, vocab_size=50257),
-    "gpt2-xl": GPTConfig(n_layer=48, n_head=25, d_model=1600, seq_len=1024, vocab_size=50257),
-    "gpt3-175b": GPTConfig(n_layer=96, n_head=96, d_model=12288, seq_len=2048, vocab_size=50257),
+    **{name: _gpt2_block(name)
+       for name in ("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b")},
     "llama-7b-like": GPTConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048, vocab_size=32000),
 }
 
@@ -84,8 +89,7 @@ def count_params(cfg: GPTConfig) -> int:
     qkv (3h² + 3h), projection (h² + h), MLP (8h² + 5h), two LayerNorms (4h); final LayerNorm.
     """
     _check_config(cfg)
-    V, s, h, L = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layer
-    return V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h
+    return ModelShape.from_config(cfg).num_params()  # the formula lives once, in labkit.shapes
 
 
 class AttentionCore(nn.Module):

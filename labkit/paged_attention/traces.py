@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validate import check_int
+from ..validate import check_int, check_positive
 from .sampling import Request
 
 __all__ = ["LengthDistribution", "SHAREGPT", "ALPACA", "synthetic_trace"]
@@ -49,8 +49,8 @@ def synthetic_trace(num_requests, dist=SHAREGPT, *, max_len, rate=None, scale=1.
     check_int("max_len", max_len, 2)
     check_int("vocab_size", vocab_size, 1)
     check_int("seed", seed, 0)
-    if rate is not None and not rate > 0:
-        raise ValueError(f"rate={rate!r} must be positive (requests per step) or None")
+    if rate is not None:
+        check_positive("rate", rate)  # requests per step
     rng = np.random.default_rng(seed)
     prompts, outputs = dist.draw(rng, num_requests, scale)
     prompts = np.minimum(prompts, max_len - 1)
