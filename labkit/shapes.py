@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from .validate import check_choice, check_int
+from .validate import check_bool, check_choice, check_int
 
 __all__ = ["ModelShape", "PRESETS", "preset", "HF_CONFIG_FIELDS"]
 
@@ -46,8 +46,7 @@ class ModelShape:
         check_choice("mlp", self.mlp, ("gelu", "swiglu"))
         check_choice("pos", self.pos, ("learned", "rope"))
         for name in ("tie_embeddings", "bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
+            check_bool(name, getattr(self, name))
         if self.d_model % self.n_head:
             raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
         if self.n_head % self.kv_heads:
