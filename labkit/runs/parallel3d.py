@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..collectives import all_reduce_mean_
 from ..dist import rank_device
 from ..model import build_model, get_preset
-from ..pipeline import split_stages
+from ..pipeline import check_same_model, split_stages
 from ..tensor_parallel import apply_tensor_parallel, sync_sequence_parallel_grads
 from ..validate import check_int
 from .pipeline import make_batch, train_pipeline
@@ -86,6 +86,7 @@ def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: st
     tp_group, pp_group, dp_group = (mesh.get_group(n) for n in ("tp", "pp", "dp"))
     torch.manual_seed(seed)
     model = build_model(cfg).to(dev)
+    check_same_model(model)  # every rank cuts its shard and its stage from the same model
     ranges = split_stages(model, pp, v=v)  # cut by the unsharded model's parameters
     if tp > 1:
         apply_tensor_parallel(model, tp_group, sequence_parallel)
@@ -97,7 +98,8 @@ def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: st
         model.zero_grad(set_to_none=True)
         res = train_pipeline(stage, pp, schedule, m, v, cfg=cfg, group=pp_group, ranks=pp_ranks, model=model,
                              batch=(x[rows].to(dev), y[rows].to(dev)), ranges=ranges, loss_fn=model.loss,
-                             act_shape=(global_batch // (dp * m), seq, cfg.d_model))
+                             act_shape=(global_batch // (dp * m), seq, cfg.d_model), check_init=False,
+                             count_saved=False)  # the tied embedding's gradient is summed in the step
         if sequence_parallel:
             sync_sequence_parallel_grads(model, tp_group)
         if held is None:  # the parameters of this stage: those that received a gradient
