@@ -47,7 +47,7 @@ def check_backend_order(pp_size: int, v: int, group=None) -> None:
     it activations of one chunk while it waits for the gradient of another: the order in which
     one rank sends differs from the order in which the other receives. Tags keep them apart under
     gloo; NCCL ignores tags and would pair the wrong messages."""
-    if pp_size == 2 and v > 1 and dist.get_backend(group) == "nccl":
+    if pp_size == 2 and v > 1 and dist.is_initialized() and dist.get_backend(group) == "nccl":
         raise ValueError(f"pp_size=2 with v={v} chunks a rank under NCCL: both neighbours are one "
                          "peer and NCCL pairs messages by order, not by tag, which this schedule "
                          "breaks; use pp_size >= 3, v=1, or the gloo backend")

@@ -29,11 +29,12 @@ def make_batch(cfg: GPTConfig, global_batch: int, seed: int = 0):
     return x, y
 
 
-def reference_grads(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: int = 0):
-    """One process, whole batch: (loss, {name: grad})."""
+def reference_grads(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: int = 0,
+                    dtype: torch.dtype = torch.float32):
+    """One process, whole batch: (loss, {name: grad}); the model in ``dtype``."""
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     torch.manual_seed(seed)
-    model = build_model(cfg)
+    model = build_model(cfg).to(dtype)
     loss = model(*make_batch(cfg, global_batch, seed))
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -41,13 +42,14 @@ def reference_grads(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: 
 
 def train_pipeline(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", global_batch=8, seed=0, *,
                    group=None, ranks=None, model=None, batch=None, ranges=None, loss_fn=None, act_shape=None,
-                   check_init=True, count_saved=True):
+                   check_init=True, count_saved=True, dtype=torch.float32):
     """One pipeline step of the GPT on this rank (forward and backward, tied gradient summed).
 
     ``rank``: the stage; ``ranks``: the pipeline's global ranks in ``group``; ``ranges``: the
     layer split (default ``split_stages(model, pp_size, v=v)``); ``loss_fn`` (default ``GPT.loss``)
     and ``act_shape`` (default (B/m, T, C)) for a model whose stages differ (tensor-parallel);
-    ``check_init``: first check that every stage holds the same model (a collective).
+    ``check_init``: first check that every stage holds the same model (a collective); ``dtype``:
+    the model's, when this function builds it.
 
     Returns {"losses", "grads" (this rank's, by the model's parameter names), "events",
     "peak_live", "peak_saved_bytes", "sent", "ranges"}.
@@ -57,7 +59,7 @@ def train_pipeline(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", g
     dev = rank_device()
     if model is None:
         torch.manual_seed(seed)
-        model = build_model(cfg).to(dev)
+        model = build_model(cfg).to(dev, dtype)
     if check_init:
         check_same_model(model, group)
     x, y = (t.to(dev) for t in (make_batch(cfg, global_batch, seed) if batch is None else batch))
@@ -69,7 +71,8 @@ def train_pipeline(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", g
     act_shape = (x.shape[0] // m, x.shape[1], cfg.d_model) if act_shape is None else act_shape
     res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=x.chunk(m), targets=y.chunk(m),
                        loss_fn=GPT.loss if loss_fn is None else loss_fn, act_shape=act_shape, group=group,
-                       ranks=ranks, device=x.device, tied=model.wte.weight, count_saved=count_saved)
+                       ranks=ranks, device=x.device, tied=model.wte.weight, count_saved=count_saved,
+                       act_dtype=model.wte.weight.dtype)
     return {"ranges": ranges, "losses": res.losses, "events": res.events, "peak_live": res.peak_live,
             "sent": res.sent, "peak_saved_bytes": res.peak_saved_bytes,
             "grads": {n: p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters()
@@ -77,14 +80,14 @@ def train_pipeline(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", g
 
 
 def train_plain_loop(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", global_batch=8, seed=0,
-                     steps=2, lr=0.1):
+                     steps=2, lr=0.1, dtype=torch.float32):
     """``steps`` SGD steps through the pipeline as a plain loop: ``zero_grad()``, one
     :func:`run_schedule` (the tied gradient summed by it), ``step()``. Step k's batch is
     ``make_batch(cfg, global_batch, seed + k)``. Returns {"losses" per step, "params" held}."""
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     dev, m = rank_device(), num_microbatches
     torch.manual_seed(seed)
-    model = build_model(cfg).to(dev)
+    model = build_model(cfg).to(dev, dtype)
     check_same_model(model)
     chunks = build_chunks(model, split_stages(model, pp_size, v=v), pp_size, rank)
     params = list({id(p): p for c in chunks for p in c.parameters()}.values())
@@ -96,7 +99,7 @@ def train_plain_loop(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny",
         opt.zero_grad(set_to_none=True)
         res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=x.chunk(m), targets=y.chunk(m),
                            loss_fn=GPT.loss, act_shape=(global_batch // m, cfg.seq_len, cfg.d_model),
-                           device=dev, tied=model.wte.weight, count_saved=False)
+                           device=dev, tied=model.wte.weight, count_saved=False, act_dtype=dtype)
         opt.step()
         losses.append(res.losses)
     held = {id(p) for p in params}
@@ -104,7 +107,8 @@ def train_plain_loop(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny",
                                          for n, p in model.named_parameters() if id(p) in held}}
 
 
-def torch_pipelining_losses(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, seed=0):
+def torch_pipelining_losses(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, seed=0,
+                            dtype=torch.float32):
     """The same split and batch through ``torch.distributed.pipelining``: the last stage's losses."""
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)
@@ -112,7 +116,7 @@ def torch_pipelining_losses(rank, pp_size, schedule, m, v=1, cfg="tiny", global_
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     dev = rank_device()
     torch.manual_seed(seed)
-    model = build_model(cfg).to(dev)
+    model = build_model(cfg).to(dev, dtype)
     x, y = (t.to(dev) for t in make_batch(cfg, global_batch, seed))
     ranges = split_stages(model, pp_size, v=v)
     chunks = build_chunks(model, ranges, pp_size, rank)
@@ -193,21 +197,22 @@ def _connect_ring(rank, world_size):
 
 
 def pipeline_rank(rank, world_size, cases=(), torch_cases=(), sleep_cases=(), loop_cases=(),
-                  cfg="tiny", global_batch=8, seed=0, sleep_costs=(0.03, 0.06), sleep_repeats=1):
+                  cfg="tiny", global_batch=8, seed=0, sleep_costs=(0.03, 0.06), sleep_repeats=1,
+                  dtype=torch.float32):
     """Run every case on this rank; cases are (schedule, m, v). Returns {kind: {case: result}};
     a sleep case's result is a list of ``sleep_repeats`` runs; a loop case trains two SGD steps
-    through :func:`train_plain_loop`."""
+    through :func:`train_plain_loop`; the GPT's cases run in ``dtype``."""
     torch.set_num_threads(1)  # tensors this small gain nothing from threads on a shared CPU
     out = {"labkit": {}, "torch": {}, "sleep": {}, "loop": {}}
     for case in loop_cases:
         out["loop"][case] = train_plain_loop(rank, world_size, *case, cfg=cfg, global_batch=global_batch,
-                                             seed=seed)
+                                             seed=seed, dtype=dtype)
     for case in cases:
         out["labkit"][case] = train_pipeline(rank, world_size, *case, cfg=cfg, global_batch=global_batch,
-                                             seed=seed)
+                                             seed=seed, dtype=dtype)
     for case in torch_cases:
         out["torch"][case] = torch_pipelining_losses(rank, world_size, *case, cfg=cfg,
-                                                     global_batch=global_batch, seed=seed)
+                                                     global_batch=global_batch, seed=seed, dtype=dtype)
     if sleep_cases:
         _connect_ring(rank, world_size)
     for case in sleep_cases:
