@@ -226,3 +226,25 @@ def test_a_tied_gradient_without_a_backward_is_refused():
     w = torch.nn.Parameter(torch.ones(3))
     with pytest.raises(ValueError, match="param.grad is None"):
         exchange_tied_grad(w, 1, True)
+
+
+def test_gantt_panels_on_one_time_axis_cover_the_longest_timeline():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.pipeline import plot_gantt
+
+    tls = [simulate(make_schedule(name, 4, 4, v), 1.0 / v, 2.0 / v)
+           for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))]
+    fig, axes = plt.subplots(3, 1, sharex=True)
+    for ax, tl in zip(axes, tls):
+        plot_gantt(tl, ax=ax)
+    longest = max(tl.makespan for tl in tls)
+    assert tls[2].makespan < longest  # interleaving finishes first: the figure's point
+    for ax, tl in zip(axes, tls):
+        assert ax.get_xlim() == (0.0, longest)  # every box of every panel inside its frame
+        assert all(0 <= t.get_position()[0] <= longest for t in ax.texts)
+        assert all(t.get_fontsize() >= 10 for t in ax.texts)
+    plt.close(fig)
