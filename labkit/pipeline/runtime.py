@@ -144,10 +144,10 @@ def _check_args(chunks, actions, rank, pp_size, ranks, act_shape):
         raise ValueError("chunks=[]: give this rank's model chunks (build_chunks)")
     if len(ranks) != pp_size:
         raise ValueError(f"ranks={ranks} must list pp_size={pp_size} global ranks")
-    if act_shape is None or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
-                                    for d in act_shape):
-        raise ValueError(f"act_shape={act_shape!r}: give the (B, T, C) shape of the activations "
-                         "stages exchange, as positive ints")
+    if act_shape is None:
+        raise ValueError("act_shape=None: give the (B, T, C) shape of the activations stages exchange")
+    for i, d in enumerate(act_shape):
+        check_int(f"act_shape[{i}]", d, 1)
     bad = [a for a in actions if a.kind not in ("F", "B") or not 0 <= a.chunk < len(chunks)]
     if bad:
         raise ValueError(f"action {bad[0]!r}: kind must be 'F' or 'B' and chunk in "

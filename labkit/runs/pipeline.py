@@ -107,9 +107,10 @@ def train_plain_loop(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny",
                                          for n, p in model.named_parameters() if id(p) in held}}
 
 
-def torch_pipelining_losses(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, seed=0,
-                            dtype=torch.float32):
+def torch_pipelining_losses(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", global_batch=8,
+                            seed=0, dtype=torch.float32):
     """The same split and batch through ``torch.distributed.pipelining``: the last stage's losses."""
+    m = check_int("num_microbatches", num_microbatches, 1)
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)
 
@@ -165,8 +166,9 @@ def _sum_loss(y, target):
     return y.sum()
 
 
-def sleep_pipeline(rank, pp_size, schedule, m, v=1, fwd_s=0.02, bwd_s=0.04):
+def sleep_pipeline(rank, pp_size, schedule, num_microbatches, v=1, fwd_s=0.02, bwd_s=0.04):
     """Run a schedule on chunks of controlled cost (split evenly over v chunks); return events."""
+    m = check_int("num_microbatches", num_microbatches, 1)
     import torch.distributed as dist
 
     chunks = [SleepChunk(fwd_s / v, bwd_s / v) for _ in range(v)]
