@@ -60,24 +60,26 @@ def _exchanged(param: torch.Tensor) -> bool:
 
 
 @torch.no_grad()
-def exchange_tied_grad(param: torch.Tensor, peer: int, is_first: bool, group=None) -> None:
+def exchange_tied_grad(param: torch.Tensor, peer: int, is_first: bool, group=None, since=None) -> None:
     """Sum a weight's gradient between the first and last stage, which both hold a copy (the tied
     embedding): each sends its own and adds the other's, first stage's term first, on both.
 
-    The pipeline runtime calls it at the end of a step; calling it again on the same gradient
-    does nothing (the exchanged gradient is marked), so a repeated call is harmless."""
+    ``since``: the gradient before this step (already summed), so that only the step's own part
+    is exchanged and gradients accumulated over steps stay right. Calling it again on the same
+    gradient does nothing (the exchanged gradient is marked), so a repeated call is harmless."""
     if param.grad is None:
         raise ValueError("exchange_tied_grad: param.grad is None; run the step's backward first")
     if _exchanged(param):
         return  # already summed: a second exchange would add the peer's term twice
-    mine = param.grad.clone()
+    mine = param.grad.clone() if since is None else param.grad - since
     theirs = torch.empty_like(mine)
     # one batch of a send and a receive: NCCL runs them together (a send and then a receive on
     # both ends, each waiting for the other's receive, could deadlock there)
     for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer, group),
                                         dist.P2POp(dist.irecv, theirs, peer, group)]):
         work.wait()
-    param.grad.copy_(mine + theirs if is_first else theirs + mine)
+    total = mine + theirs if is_first else theirs + mine
+    param.grad.copy_(total if since is None else since + total)
     param._labkit_tied_mark = (weakref.ref(param.grad), param.grad._version)
 
 

@@ -170,6 +170,8 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
     _check_args(chunks, actions, rank, pp_size, ranks, act_shape)
     check_backend_order(pp_size, len(chunks), group)
     m = 1 + max(a.mb for a in actions)
+    ends = tied is not None and pp_size > 1 and rank in (0, pp_size - 1)
+    before = tied.grad.detach().clone() if ends and tied.grad is not None else None  # accumulated
     runner = _StageRunner(chunks, rank=rank, pp_size=pp_size, inputs=inputs, targets=targets,
                           loss_fn=loss_fn, act_shape=act_shape, act_dtype=act_dtype,
                           device=device, group=group, ranks=ranks, count_saved=count_saved,
@@ -179,7 +181,7 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
         start = runner.forward(a) if a.kind == "F" else runner.backward(a)
         events.append((a, start - t0, runner.now() - t0))
     runner.finish()
-    if tied is not None and pp_size > 1 and rank in (0, pp_size - 1):
-        exchange_tied_grad(tied, ranks[pp_size - 1 - rank], rank == 0, group)
+    if ends:  # this step's part of the tied gradient, summed between the two ends
+        exchange_tied_grad(tied, ranks[pp_size - 1 - rank], rank == 0, group, since=before)
     losses = [runner.losses[i].item() for i in sorted(runner.losses)]
     return PipelineResult(losses, events, runner.peak, runner.peak_bytes, runner.sent)
