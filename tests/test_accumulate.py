@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.accumulate import (
-    TokenMLP, accumulate_gradients, count_tokens, accumulate_gradients_naive, accumulation_step, accumulation_step_naive,
+    accumulate_gradients, count_tokens, accumulate_gradients_naive, accumulation_step, accumulation_step_naive,
     measure_microbatch, microbatch_for_budget, split_microbatches,
 )
 from labkit.data import get_batch, get_padded_batch, load_corpus
@@ -17,6 +17,24 @@ from labkit.memory import activation_bytes, model_state_bytes
 from labkit.model import build_model, get_preset
 
 CFG = get_preset("tiny", n_layer=2, seq_len=32)
+
+
+class TokenMLP(torch.nn.Module):
+    """embedding -> Linear -> norm -> GELU -> Linear: idx (B, T) -> logits (B, T, V); Lab 4 defines
+    the same probe. ``norm="batch"`` normalises each feature over the B*T tokens it sees."""
+
+    def __init__(self, vocab_size: int, d_model: int, norm: str):
+        super().__init__()
+        self.wte = torch.nn.Embedding(vocab_size, d_model)
+        self.fc = torch.nn.Linear(d_model, d_model)
+        self.norm = torch.nn.BatchNorm1d(d_model) if norm == "batch" else torch.nn.LayerNorm(d_model)
+        self.head = torch.nn.Linear(d_model, vocab_size)
+
+    def forward(self, idx):
+        B, T = idx.shape
+        h = self.fc(self.wte(idx)).view(B * T, -1)  # (B*T, C)
+        h = F.gelu(self.norm(h)).view(B, T, -1)  # (B, T, C)
+        return self.head(h)  # (B, T, V)
 LENGTHS = [32, 30, 4, 3, 28, 5, 31, 2]  # long and short sequences: micro-batches differ in tokens
 
 
