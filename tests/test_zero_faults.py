@@ -7,7 +7,7 @@ from torch.testing import assert_close
 
 from labkit.dist import launch
 from labkit.zero import verify_sharded
-from zero_fault_workers import BranchNet, fault_rank
+from zero_workers import BranchNet, fault_rank
 
 
 @pytest.fixture(scope="module")
