@@ -71,7 +71,7 @@ def _batch(step, rank, world_size, global_batch=8, seq_len=4, seed=0):
 def toy_build(kind, seed=0, init_sync="broadcast"):
     """(net, optimizer, full state dict fn) of ToyNet under ``kind`` (one of TOY_KINDS)."""
     torch.manual_seed(seed)
-    model = ToyNet()
+    model = ToyNet().double()  # float64: the tests compare it to one process at 1e-12
     kw = {"lr": 0.05, "weight_decay": 0.1}
     if kind == "single":
         return model, torch.optim.AdamW(model.parameters(), **kw), model.state_dict
