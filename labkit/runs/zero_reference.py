@@ -81,7 +81,7 @@ def adam_agreement(ours: dict, ref: dict, lr: float, ref_other, factor: float = 
         return {"max": float("inf"), "share_off": 1.0, "floor_max": 0.0, "ok": False, "names_match": False}
     d = _flat_abs_diff(ours, ref)
     f = torch.stack([_flat_abs_diff(o, ref) for o in others]).amax(0)  # the floor, element by element
-    ulp = 2**-24 * float(torch.cat([torch.as_tensor(v).double().reshape(-1) for v in ref.values()])
+    ulp = 2**-24 * float(torch.cat([torch.as_tensor(v).detach().double().reshape(-1) for v in ref.values()])
                          .square().mean().sqrt())
     bulk, bulk_floor = (float(torch.quantile(t[:2**24], quantile)) for t in (d, f))
     worst, floor_max = float(d.max()), float(f.max())
