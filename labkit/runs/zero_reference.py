@@ -69,12 +69,13 @@ def adam_agreement(ours: dict, ref: dict, lr: float, ref_other, factor: float = 
     """Whether AdamW-trained parameters ``ours`` follow ``ref`` to the run's own round-off.
 
     ``ref_other`` (one state dict or a list) is ``ref`` trained again in another summation order
-    (:func:`reference_run` with ``pieces``): its distance from ``ref`` is the floor. AdamW's step,
-    about lr * m / sqrt(v), magnifies the rounding of a nearly-zero gradient, by an amount that
-    depends on the machine's kernels, in the reference pair as in the scheme. So the scheme passes
-    when its ``quantile`` of |difference| (the bulk) and its largest are each within ``factor``
-    times the floor's (floored at one fp32 ulp of the parameters' rms). ``lr`` is kept for the
-    report. Returns {"max", "share_off" (share beyond 1e-6), "floor_max", "ok", "names_match"}.
+    (:func:`reference_run` with ``pieces``): its distance from ``ref`` is the floor. The scheme
+    passes when all but 1 - ``quantile`` of its elements are within ``factor`` times the floor's
+    same quantile (floored at one fp32 ulp of the parameters' rms). The few elements whose
+    gradient is itself round-off (a key bias's) AdamW moves by about lr * g / (|g| + eps), by
+    amounts that change from machine to machine and order to order: their largest difference is
+    reported ("max", beside "floor_max"), not judged. Returns those, "share_off" (the share
+    beyond 1e-6), "ok", "names_match" and ``lr``.
     """
     others = ref_other if isinstance(ref_other, (list, tuple)) else [ref_other]
     if ours.keys() != ref.keys() or any(o.keys() != ref.keys() for o in others):
@@ -83,8 +84,7 @@ def adam_agreement(ours: dict, ref: dict, lr: float, ref_other, factor: float = 
     f = torch.stack([_flat_abs_diff(o, ref) for o in others]).amax(0)  # the floor, element by element
     ulp = 2**-24 * float(torch.cat([torch.as_tensor(v).detach().double().reshape(-1) for v in ref.values()])
                          .square().mean().sqrt())
-    bulk, bulk_floor = (float(torch.quantile(t[:2**24], quantile)) for t in (d, f))
-    worst, floor_max = float(d.max()), float(f.max())
-    ok = bulk <= factor * max(bulk_floor, ulp) and worst <= factor * max(floor_max, ulp)
-    return {"max": worst, "share_off": float((d > 1e-6).double().mean()), "floor_max": floor_max,
-            "ok": ok, "names_match": True, "lr": lr}
+    k = max(1, int(quantile * d.numel()))
+    bulk, bulk_floor = (float(t.kthvalue(k).values) for t in (d, f))
+    return {"max": float(d.max()), "share_off": float((d > 1e-6).double().mean()), "floor_max": float(f.max()),
+            "ok": bulk <= factor * max(bulk_floor, ulp), "names_match": True, "lr": lr}
