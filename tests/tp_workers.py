@@ -5,7 +5,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from labkit.kv_cache import generate
+from labkit.paged_attention.contiguous import generate
 from labkit.model import build_model, get_preset
 from labkit.runs.tensor_parallel import make_batch, roundoff, tp_rank, tp_train_rank, tp_zero1_rank
 from labkit.tensor_parallel import apply_tensor_parallel
