@@ -94,9 +94,9 @@ SMALL = _cfg(4, 4, 64)
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(efficiency=-1), r"efficiency=-1 must be a number in \(0, 1\]"),  # negative step times
-    (dict(efficiency=3), r"efficiency=3 must be a number in \(0, 1\]"),    # an MFU above 1
-    (dict(memory_fraction=50), r"memory_fraction=50 must be a number in \(0, 1\]"),
+    (dict(efficiency=-1), r"efficiency=-1 must be a finite number in \(0, 1\]"),  # negative step times
+    (dict(efficiency=3), r"efficiency=3 must be a finite number in \(0, 1\]"),    # an MFU above 1
+    (dict(memory_fraction=50), r"memory_fraction=50 must be a finite number in \(0, 1\]"),
     (dict(zero_stages=(3,)), "zero_stages=3 is unknown"),                    # was KeyError: 3
     (dict(micro_batches=(0,)), "micro_batches=0"),                           # was ZeroDivisionError
     (dict(network_gbps=0), "network_gbps=0"),

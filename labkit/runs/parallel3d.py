@@ -36,8 +36,7 @@ def mesh_coords(rank: int, dp: int, pp: int, tp: int) -> tuple[int, int, int]:
     """(data replica, pipeline stage, tensor rank) of a global rank on the (dp, pp, tp) mesh."""
     for name, value in (("dp", dp), ("pp", pp), ("tp", tp)):
         check_int(name, value, 1)
-    if not 0 <= rank < dp * pp * tp:
-        raise ValueError(f"rank={rank} is outside the dp x pp x tp = {dp * pp * tp} grid")
+    check_int("rank", rank, 0, dp * pp * tp - 1)  # a rank of the dp x pp x tp grid
     d, rest = divmod(rank, pp * tp)
     return (d, *divmod(rest, tp))
 

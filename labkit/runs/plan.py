@@ -20,13 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import math
-import numbers
-
 from ..hardware import get_gpu, peak_flops
 from ..model import GPTConfig, training_flops
 from ..pipeline.analytic import bubble_fraction, max_in_flight
-from ..validate import check_choice, check_int
+from ..validate import check_choice, check_float, check_int, check_positive
 
 __all__ = ["Plan", "NoPlanFits", "plan_parallelism", "plan_memory", "RECOMPUTE"]
 
@@ -78,16 +75,10 @@ class NoPlanFits(ValueError):
 
 def _check_fraction(name: str, value, top: float = 1.0) -> float:
     """A real number in (0, top]: efficiencies and memory fractions are shares of a whole."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= top:
-        raise ValueError(f"{name}={value!r} must be a number in (0, {top:g}]")
-    return float(value)
+    return check_float(name, value, maximum=top, above=0.0)
 
 
-def _check_positive(name: str, value) -> float:
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-            or value <= 0):
-        raise ValueError(f"{name}={value!r} must be a finite number > 0")
-    return float(value)
+_check_positive = check_positive
 
 
 def _layer_bytes(cfg: GPTConfig, b: int, t: int, recompute: str, sp: bool) -> tuple[float, float]:
