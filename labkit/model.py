@@ -117,7 +117,10 @@ def count_params(cfg: GPTConfig) -> int:
 
 
 class KVCacheProtocol(Protocol):
-    """What ``GPT.forward(idx, kv_cache=...)`` calls (Chapter 8: contiguous and paged caches)."""
+    """What ``GPT.forward(idx, kv_cache=...)`` calls (Chapter 8: contiguous and paged caches).
+
+    A model with a sliding window takes only a cache whose ``sliding_window`` attribute equals
+    its own: one that lets each query see its last ``sliding_window`` keys only."""
 
     def begin(self, idx: torch.Tensor) -> torch.Tensor:
         """Positions (T,) or (B, T) of the T new tokens of idx (B, T)."""
@@ -196,6 +199,10 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, kv_cache: KVCacheProtocol | None = None):
         """``kv_cache``: a :class:`KVCacheProtocol` (``begin`` gives positions, ``attend`` attends)."""
+        window = self.cfg.sliding_window
+        if kv_cache is not None and window is not None and getattr(kv_cache, "sliding_window", None) != window:
+            raise ValueError(f"kv_cache={type(kv_cache).__name__} does not declare sliding_window={window}: "
+                             "a cache for this model must attend within the window (KVCacheProtocol)")
         pos = None if kv_cache is None else kv_cache.begin(idx)  # positions of the new tokens
         x = self.embed(idx, pos)  # (B, T, C)
         rope_pos = pos if self.wpe is None else None  # rotary positions act in each block

@@ -14,7 +14,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from labkit.data import batches
 from labkit.layers import RMSNorm, Rotary, SwiGLU, make_causal_mask, repeat_kv
-from labkit.model import GPTConfig, build_model, count_params, get_preset, training_flops
+from labkit.model import PRESETS, GPTConfig, build_model, count_params, get_preset, training_flops
+from labkit.shapes import PRESETS as SHAPES
+from labkit.shapes import ModelShape
 from labkit.paged_attention.contiguous import generate
 
 try:
@@ -125,6 +127,7 @@ class PlainCache:
 
     def __init__(self, cfg: GPTConfig):
         self.k, self.v, self.length, self.cfg = [None] * cfg.n_layer, [None] * cfg.n_layer, 0, cfg
+        self.sliding_window = cfg.sliding_window  # declared: attend() below honours it
 
     def begin(self, idx):
         self.new = idx.size(1)
@@ -164,6 +167,13 @@ def test_decoding_through_a_cache_gives_the_full_forwards_logits(case):
         steps += [model(idx[:, t:t + 1], kv_cache=cache) for t in range(prompt, cfg.seq_len)]
     # float64 (as above): the cache's keys were rotated once, at their own positions
     _close_in_float64(torch.cat(steps, dim=1), full)
+
+
+def test_a_windowed_model_refuses_a_cache_that_ignores_its_window():
+    model = build_model(CASES["mistral-window"][0]).eval()
+    cache = PlainCache(CASES["gqa-tied"][0])  # declares no window
+    with pytest.raises(ValueError, match="sliding_window=5"):
+        model(torch.zeros(1, 3, dtype=torch.long), kv_cache=cache)
 
 
 def test_labkits_contiguous_cache_decodes_a_rotary_model_like_a_full_forward():
@@ -206,6 +216,12 @@ def test_llama_3_8b_has_its_published_size_built_on_meta():
     assert not any(n.endswith("bias") for n, _ in model.named_parameters())
     assert isinstance(model.ln_f, RMSNorm) and isinstance(model.blocks[0].mlp, SwiGLU)
     assert model.blocks[0].attn.rope is model.blocks[-1].attn.rope  # one table for all layers
+
+
+def test_every_published_shape_is_a_runnable_preset_with_the_same_fields():
+    for name, shape in SHAPES.items():
+        assert ModelShape.from_config(PRESETS[name]) == shape, name
+    assert {"llama-2-70b", "llama-3.1-405b", "mistral-7b", "opt-13b"} <= set(PRESETS)
 
 
 def test_layernorm_without_bias_and_a_gelu_mlp_of_width_d_ff():
