@@ -224,6 +224,18 @@ def test_every_published_shape_is_a_runnable_preset_with_the_same_fields():
     assert {"llama-2-70b", "llama-3.1-405b", "mistral-7b", "opt-13b"} <= set(PRESETS)
 
 
+def test_a_published_llama_shape_trains_a_step_on_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cfg = get_preset("mistral-7b", n_layer=1, seq_len=256, sliding_window=128)  # GQA, a window
+    with FakeTensorMode():  # real sizes, nothing allocated (how the estimator's tests trace)
+        model = build_model(cfg, dtype=torch.bfloat16)
+        x = torch.randint(0, cfg.vocab_size, (1, 256))
+        model(x, x).backward()
+        grad = model.blocks[0].attn.c_attn.weight.grad
+    assert grad.shape == (4096 + 2 * 8 * 128, 4096) and grad.dtype == torch.bfloat16
+
+
 def test_layernorm_without_bias_and_a_gelu_mlp_of_width_d_ff():
     cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=8, vocab_size=32, bias=False, d_ff=24)
     model = build_model(cfg)
