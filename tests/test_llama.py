@@ -101,9 +101,13 @@ def _close_in_float64(actual, expected):
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10 * scale)
 
 
+def _marked(cases, cheapest):
+    """The cases, the cheapest one marked for the suite's re-run under another CPU kernel."""
+    return [pytest.param(c, marks=pytest.mark.roundoff) if c == cheapest else c for c in cases]
+
+
 @needs_hf
-@pytest.mark.roundoff
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", _marked(sorted(CASES), "gqa-tied"))
 def test_logits_equal_hugging_faces_in_float64(case, float64_reference):
     cfg, family = CASES[case]
     torch.manual_seed(0)
@@ -153,8 +157,7 @@ class PlainCache:
         return torch.stack(rows, dim=2)  # (B, nh, T, hs)
 
 
-@pytest.mark.roundoff
-@pytest.mark.parametrize("case", ["gqa-tied", "mistral-window"])
+@pytest.mark.parametrize("case", _marked(["gqa-tied", "mistral-window"], "mistral-window"))
 def test_decoding_through_a_cache_gives_the_full_forwards_logits(case):
     cfg = CASES[case][0]
     torch.manual_seed(0)
