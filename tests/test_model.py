@@ -42,6 +42,16 @@ def test_published_sizes_in_billions():
     assert 6.5e9 < count_params(get_preset("llama-7b-like")) < 6.8e9
 
 
+def test_the_default_block_is_gpt2s():
+    model = build_model("tiny")
+    block = model.blocks[0]
+    assert isinstance(block.ln_1, torch.nn.LayerNorm) and block.ln_1.bias is not None
+    assert block.attn.c_attn.out_features == 3 * 128 and block.attn.rope is None
+    assert block.mlp.c_fc.out_features == 4 * 128 and not hasattr(block.mlp, "c_gate")
+    assert model.wpe.num_embeddings == 64 and model.lm_head.weight is model.wte.weight
+    assert not block.attn.core.causal_mask.tril().any()  # causal only: no window
+
+
 def test_embeddings_are_tied_and_loss_is_cross_entropy():
     torch.manual_seed(0)
     model = build_model(GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=8, vocab_size=32))
