@@ -1,8 +1,11 @@
 """The exercise pipeline: otter assign builds, otter run grades, and nothing hidden leaks.
 
 Builds every chapter once into a temporary folder (scripts/exercises.py build), then grades the
-solutions, an untouched student notebook, a submission with one broken answer, and an endless
-loop with scripts/exercises.py grade; checks statically that every answer cell stands alone.
+solutions, an untouched student notebook, a submission with broken answers (a syntax error, a
+function that loops when the tests call it, a cell that raises), and an endless loop with
+scripts/exercises.py grade; scores plausible wrong answers against the hidden tests with otter's
+own test classes (scripts/exercise_checks.py, one process per chapter); checks statically that
+every answer cell stands alone and every hidden assertion says what it expected.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "exercises.py"
+CHECKS = ROOT / "scripts" / "exercise_checks.py"
 COMMITTED_STUDENT_DIR = ROOT / "exercises" / "student"
 
 # One xdist worker builds the exercises once and runs every test of this module.
@@ -282,3 +286,135 @@ def test_bad_arguments_name_the_argument(args, named):
                           timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert named in proc.stderr and proc.stderr.startswith("error:"), proc.stderr
+
+
+def _hidden_test_bodies(source_nb: Path) -> list[str]:
+    """The code of every hidden test cell of a source notebook (its config block removed)."""
+    bodies = []
+    for cell in json.loads(source_nb.read_text())["cells"]:
+        config = re.match(CONFIG_RE, _source(cell), re.S)
+        if cell["cell_type"] == "code" and config and re.search(r"hidden:\s*true", config.group(1)):
+            bodies.append(_source(cell)[config.end():])
+    return bodies
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_hidden_assertion_says_what_it_expected(chapter):
+    """A hidden test shows a student only its error line, so every assert carries a message."""
+    bodies = _hidden_test_bodies(ex.SOURCE_DIR / f"{chapter}.ipynb")
+    assert bodies, f"{chapter}: no hidden tests found"
+    for body in bodies:
+        for node in ast.walk(ast.parse(body)):
+            if isinstance(node, ast.Assert):
+                assert node.msg is not None, \
+                    f"{chapter}: hidden `assert {ast.unparse(node.test)[:60]}` has no message"
+                assert "expected" in ast.unparse(node.msg), \
+                    f"{chapter}: hidden assert message says no 'expected': {ast.unparse(node.msg)}"
+
+
+# Plausible wrong answers, each of which scored full marks before a hidden case was added for it:
+# (chapter, question, the mistake, code run after the solution cells that redefines one function).
+WRONG_ANSWERS = [
+    ("02_zero", "q2", "only a stage above 3 rejected", '''
+def zero_bytes_per_rank(n_params, world_size, stage):
+    if stage > 3:
+        raise ValueError(f"stage={stage!r} must be 0, 1, 2 or 3")
+    shard = -(-n_params // world_size)
+    params = 2 * (shard if stage >= 3 else n_params)
+    grads = 2 * (shard if stage >= 2 else n_params)
+    optimizer = 12 * (shard if stage >= 1 else n_params)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}
+'''),
+    ("02_zero", "q2", "a bool accepted as a stage", '''
+def zero_bytes_per_rank(n_params, world_size, stage):
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage={stage!r} must be 0, 1, 2 or 3")
+    shard = -(-n_params // world_size)
+    params = 2 * (shard if stage >= 3 else n_params)
+    grads = 2 * (shard if stage >= 2 else n_params)
+    optimizer = 12 * (shard if stage >= 1 else n_params)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}
+'''),
+    ("02_zero", "q4", "only a negative stage rejected", '''
+def comm_elements_per_step(group_numels, world_size, stage):
+    if stage < 0:
+        raise ValueError(f"stage={stage!r} must be 0, 1, 2 or 3")
+    if stage == 0:
+        return 2 * sum(group_numels)
+    padded = sum(-(-n // world_size) * world_size for n in group_numels)
+    return (3 if stage == 3 else 2) * padded
+'''),
+    ("06_pipeline", "q1", "no check of pp_size < 1 or of rank", '''
+def stage_layers(n_layer, pp_size, rank):
+    if pp_size > n_layer:
+        raise ValueError(f"pp_size={pp_size} exceeds n_layer={n_layer}")
+    base, extra = divmod(n_layer, pp_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+'''),
+    ("06_pipeline", "q2", "the micro-batch count in floating point (13 at p = 4, target 0.2)", '''
+import math
+def min_microbatches(p, target):
+    return max(1, math.ceil((p - 1) * (1 - target) / target))
+'''),
+    ("06_pipeline", "q2", "a float count", '''
+def min_microbatches(p, target):
+    m = 1.0
+    while bubble(p, m, "gpipe") > target:
+        m += 1
+    return m
+'''),
+    ("08_paged_attention", "q1", "only zero rejected, and neither head_dim nor batch_size checked", '''
+def kv_cache_bytes(n_layer, n_kv_heads, head_dim, dtype_bytes, context_len, batch_size=1):
+    for name, value in [("n_layer", n_layer), ("n_kv_heads", n_kv_heads), ("dtype_bytes", dtype_bytes)]:
+        if value == 0 or (name == "n_kv_heads" and value < 0):
+            raise ValueError(f"{name}={value!r} must be positive")
+    if context_len < 0:
+        raise ValueError(f"context_len={context_len!r} must be non-negative")
+    return 2 * n_layer * n_kv_heads * head_dim * dtype_bytes * context_len * batch_size
+'''),
+    ("08_paged_attention", "q2", "a float block_size accepted", '''
+def blocks_for_batch(lengths, block_size):
+    if block_size <= 0:
+        raise ValueError(f"block_size={block_size!r} must be a positive int")
+    blocks = sum(-(-n // block_size) for n in lengths)
+    return blocks, blocks * block_size - sum(lengths)
+'''),
+    ("08_paged_attention", "q3", "generated == 0 with a partial prompt block ((20, 0, 2, 16) gives 3)", '''
+def sampling_blocks(prompt_len, generated, n, block_size):
+    total = -(-(prompt_len + generated) // block_size)
+    shared = prompt_len // block_size
+    return shared + n * (total - shared), n * total
+'''),
+]
+WRONG_CHAPTERS = sorted({c for c, *_ in WRONG_ANSWERS})
+
+
+def _error_line(failure: str) -> str:
+    """The last `SomeError: message` line of a failed test case's report."""
+    errors = re.findall(r"^\s*((?:[\w.]+(?:Error|Exception))\b.*)$", failure, re.M)
+    return errors[-1].strip() if errors else ""
+
+
+@pytest.mark.parametrize("chapter", WRONG_CHAPTERS)
+def test_plausible_wrong_answers_lose_points(built, chapter, tmp_path):
+    """Each wrong answer loses points on its own question, with a failure that shows what was
+    expected and what came back; the solution, graded the same way, keeps full marks."""
+    wrong = [(q, why, code) for c, q, why, code in WRONG_ANSWERS if c == chapter]
+    variants = tmp_path / "variants.json"
+    variants.write_text(json.dumps([(q, code) for q, _, code in wrong]))
+    out = tmp_path / "scores.json"
+    solution = built["dist"] / chapter / "autograder" / f"{chapter}.ipynb"
+    proc = subprocess.run([sys.executable, str(CHECKS), str(built["zips"][chapter]), str(solution),
+                           str(variants), str(out)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    scores = json.loads(out.read_text())
+    assert set(scores["solution"]) == set(ex.question_points(built["zips"][chapter]))
+    for q, (score, possible) in scores["solution"].items():
+        assert score == possible > 0, f"{chapter} {q}: the solution scored {score} / {possible}"
+    for (q, why, _), (score, possible, failures) in zip(wrong, scores["variants"]):
+        assert score < possible, f"{chapter} {q}: the wrong answer ({why}) kept full marks"
+        shown = [_error_line(f) for f in failures]
+        assert any("expected" in e and "got" in e for e in shown), \
+            f"{chapter} {q} ({why}): no failure shows expected and got: {shown}"
