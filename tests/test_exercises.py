@@ -344,6 +344,39 @@ def comm_elements_per_step(group_numels, world_size, stage):
     padded = sum(-(-n // world_size) * world_size for n in group_numels)
     return (3 if stage == 3 else 2) * padded
 '''),
+    ("03_checkpointing", "q3", "a bool or a float accepted as k", '''
+_policy_activation_bytes = policy_activation_bytes
+def policy_activation_bytes(s, b, h, a, n_layer, policy, k=None, t=1, sequence_parallel=False):
+    if policy == "every_k" and (k is None or k < 1):
+        raise ValueError(f"k={k!r} must be >= 1 for policy='every_k'")
+    if policy == "every_k":  # k=True or k=2.0 go through: n_layer // k counts the full layers
+        whole = _policy_activation_bytes(s, b, h, a, 1, "none", t=t, sequence_parallel=sequence_parallel)
+        n_full = n_layer // k
+        return n_full * 2 * s * b * h + (n_layer - n_full) * whole
+    return _policy_activation_bytes(s, b, h, a, n_layer, policy, t=t, sequence_parallel=sequence_parallel)
+'''),
+    ("04_accumulation", "q1", "token id 0 taken for padding", '''
+def microbatch_loss_scales(targets):
+    n_window = sum(int((y > 0).sum()) for y in targets)
+    if n_window == 0:
+        raise ValueError("targets: the window has no real tokens")
+    return [1.0 / n_window for _ in targets]
+'''),
+    ("04_accumulation", "q1", "scales as tensors, not floats", '''
+def microbatch_loss_scales(targets):
+    n_window = sum((y != -100).sum() for y in targets)
+    if n_window == 0:
+        raise ValueError("targets: the window has no real tokens")
+    return [1.0 / n_window for _ in targets]
+'''),
+    ("04_accumulation", "q3", "a bool or a float accepted as a count", '''
+def allreduce_calls(num_steps, num_microbatches, num_buckets, use_no_sync):
+    for name, value, low in [("num_steps", num_steps, 0), ("num_microbatches", num_microbatches, 1),
+                             ("num_buckets", num_buckets, 1)]:
+        if value < low:
+            raise ValueError(f"{name}={value!r} must be >= {low}")
+    return num_steps * (1 if use_no_sync else num_microbatches) * num_buckets
+'''),
     ("06_pipeline", "q1", "no check of pp_size < 1 or of rank", '''
 def stage_layers(n_layer, pp_size, rank):
     if pp_size > n_layer:
