@@ -377,6 +377,34 @@ def allreduce_calls(num_steps, num_microbatches, num_buckets, use_no_sync):
             raise ValueError(f"{name}={value!r} must be >= {low}")
     return num_steps * (1 if use_no_sync else num_microbatches) * num_buckets
 '''),
+    ("05_tensor_parallel", "q2", "partials checked only in sum: y split evenly over the ranks", '''
+_attention_tp = attention_tp
+def attention_tp(x, w_qkv, b_qkv, w_proj, b_proj, n_head, t):
+    y, _ = _attention_tp(x, w_qkv, b_qkv, w_proj, b_proj, n_head, t)
+    return y, [(y - b_proj) / t for _ in range(t)]
+'''),
+    ("05_tensor_parallel", "q2", "partials in the wrong rank order", '''
+_attention_tp = attention_tp
+def attention_tp(x, w_qkv, b_qkv, w_proj, b_proj, n_head, t):
+    y, partials = _attention_tp(x, w_qkv, b_qkv, w_proj, b_proj, n_head, t)
+    return y, partials[::-1]
+'''),
+    ("05_tensor_parallel", "q3", "max_t ignored: t searched over 1, 2, 4, 8", '''
+def smallest_t(s, b, h, a, n_layer, budget, sequence_parallel, max_t=8):
+    for t in (1, 2, 4, 8):
+        if a % t == 0 and n_layer * layer_activation_bytes(s, b, h, a, t, sequence_parallel) <= budget:
+            return t
+    raise ValueError(f"budget={budget} bytes is too small for any t: recompute instead")
+'''),
+    ("05_tensor_parallel", "q3", "a budget that must be strictly larger", '''
+def smallest_t(s, b, h, a, n_layer, budget, sequence_parallel, max_t=8):
+    t = 1
+    while t <= max_t:
+        if a % t == 0 and n_layer * layer_activation_bytes(s, b, h, a, t, sequence_parallel) < budget:
+            return t
+        t *= 2
+    raise ValueError(f"budget={budget} bytes is too small for any t <= max_t={max_t}")
+'''),
     ("06_pipeline", "q1", "no check of pp_size < 1 or of rank", '''
 def stage_layers(n_layer, pp_size, rank):
     if pp_size > n_layer:
