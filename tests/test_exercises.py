@@ -425,6 +425,46 @@ def min_microbatches(p, target):
         m += 1
     return m
 '''),
+    ("07_flash_attention", "q2", "every tile kept: the row rebuilt, then one logsumexp", '''
+def row_lse(tiles):
+    tiles = [t for t in tiles if t.numel()]
+    return torch.logsumexp(torch.cat(tiles), 0).item() if tiles else float("-inf")
+'''),
+    ("07_flash_attention", "q2", "the running maximum started at 0: very negative rows underflow", '''
+def row_lse(tiles):
+    m, l = 0.0, 0.0
+    for tile in tiles:
+        if tile.numel() == 0:
+            continue
+        m_new = max(m, tile.max().item())
+        l = math.exp(m - m_new) * l + (tile - m_new).exp().sum().item()
+        m = m_new
+    return m + math.log(l) if l > 0 else float("-inf")
+'''),
+    ("07_flash_attention", "q2", "a 0-d tensor returned, not a float", '''
+def row_lse(tiles):
+    m, l = float("-inf"), torch.tensor(0.0, dtype=torch.float64)
+    for tile in tiles:
+        if tile.numel() == 0:
+            continue
+        m_new = max(m, tile.max().item())
+        if m_new == float("-inf"):
+            continue
+        l = l * math.exp(m - m_new) + (tile - m_new).exp().sum()
+        m = m_new
+    return m + torch.log(l) if l > 0 else float("-inf")
+'''),
+    ("07_flash_attention", "q3", "the tile inequality taken strictly", '''
+def hbm_forward(N, d, M, kind):
+    if kind == "standard":
+        return 4 * N * N + 4 * N * d
+    if kind != "flash" or M < 4 * d + 1:
+        raise ValueError(f"kind={kind!r}, M={M}")
+    B = 1
+    while (B + 1) ** 2 + 4 * d * (B + 1) < M:
+        B += 1
+    return N * d + -(-N // B) * 2 * N * d + N * d + N
+'''),
     ("08_paged_attention", "q1", "only zero rejected, and neither head_dim nor batch_size checked", '''
 def kv_cache_bytes(n_layer, n_kv_heads, head_dim, dtype_bytes, context_len, batch_size=1):
     for name, value in [("n_layer", n_layer), ("n_kv_heads", n_kv_heads), ("dtype_bytes", dtype_bytes)]:
