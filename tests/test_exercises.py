@@ -220,18 +220,33 @@ def _filled_in(built, chapter) -> dict:
     return nb
 
 
+LOOP_IN_TESTS_CHAPTER = "06_pipeline"  # where a function loops only when the tests call it
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_one_broken_answer_costs_only_its_question(built, chapter, tmp_path):
+    """A syntax error in q1's cell costs q1 alone and is reported as the syntax error it is. In the
+    first chapter q2's cell also loops at its top (interrupted by the cell limit); in chapter 6
+    q2's function loops only when the tests call it (its tests are cut off by the question's
+    limit, which names q2) and q3's cell raises after defining its answer (full marks, and a
+    notice that the cell raised)."""
     nb = _filled_in(built, chapter)
     answers = [c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", [])]
     answers[0]["source"] += "\nthis line is not Python (\n"  # a syntax error in q1's cell
-    broken = {"q1"}
+    broken, notices = {"q1"}, {"q1": "SyntaxError"}
     if chapter == CHAPTERS[0]:  # and, in one chapter, an endless loop at the top of q2's cell
         answers[1]["source"] = "while True:\n    pass\n" + answers[1]["source"]
         broken.add("q2")
+        notices["q2"] = "interrupted after 5 s"
+    if chapter == LOOP_IN_TESTS_CHAPTER:
+        answers[1]["source"] += "\n\ndef min_microbatches(p, target):\n    while True:\n        pass\n"
+        answers[2]["source"] += "\nraise RuntimeError('a stray line after the answer')\n"
+        broken.add("q2")
+        notices["q3"] = "RuntimeError: a stray line"
     submission = tmp_path / "broken.ipynb"
     submission.write_text(json.dumps(nb))
-    result = ex.grade(submission, timeout=240, cell_timeout=5, dist_dir=built["dist"])
+    result = ex.grade(submission, timeout=240, cell_timeout=5, question_timeout=5,
+                      dist_dir=built["dist"])
     assert not result["timed_out"]
     assert sorted(result["max_scores"])[:2] == ["q1", "q2"], result["max_scores"]
     for q, points in result["max_scores"].items():
@@ -242,6 +257,11 @@ def test_one_broken_answer_costs_only_its_question(built, chapter, tmp_path):
                        for why in result["failures"][q]), result["failures"][q]
         else:
             assert result["scores"][q] == points and not result["failures"][q], (q, result)
+        said = result["notices"][q]
+        assert (notices[q] in " ".join(said)) if q in notices else not said, (q, said)
+    if chapter == LOOP_IN_TESTS_CHAPTER:
+        assert all("TimeoutError: q2 ran past its 5 s time limit" in why
+                   for why in result["failures"]["q2"]), result["failures"]["q2"]
 
 
 def test_endless_loop_is_cut_off_and_scores_zero(built, tmp_path):
