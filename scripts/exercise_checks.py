@@ -1,8 +1,10 @@
 """Grading helpers that run outside scripts/exercises.py's own process.
 
 - `install_question_time_limit(seconds)` runs inside the grading kernel (scripts/exercises.py
-  adds a cell that calls it): each question's tests get `seconds` in all, so a function that loops
-  when the tests call it fails its own question, named, and the notebook goes on.
+  adds a cell that calls it): each question's tests get `seconds` of processor time in all, so a
+  function that loops when the tests call it fails its own question, named, and the notebook goes
+  on. Processor time, not wall-clock time: a loaded machine slows an honest answer down without
+  making it use more of it, and a test that waits on forked ranks uses almost none.
 - `score_variants(autograder_zip, solution_nb, variants)` grades answer variants (a solution with
   one function rewritten) with otter's own test classes in one process, without a kernel per
   variant: tests/test_exercises.py uses it to show that each plausible wrong answer loses points.
@@ -14,7 +16,8 @@ import time
 
 __all__ = ["install_question_time_limit", "score_variants"]
 
-LIMIT_MESSAGE = "{q} ran past its {s:g} s time limit (does a function it calls loop forever?)"
+LIMIT_MESSAGE = ("{q} ran past its time limit of {s:g} s of processor time "
+                 "(does a function it calls loop forever?)")
 
 
 def _timeout_result(question, seconds):
@@ -24,42 +27,43 @@ def _timeout_result(question, seconds):
 
 
 def install_question_time_limit(seconds):
-    """Give each question's tests `seconds` in all (SIGALRM; no limit where there is none).
+    """Give each question's tests `seconds` of processor time in all (ITIMER_PROF, where it exists).
 
     Wraps otter's run_doctest: the first case of a question starts its clock; a case still running
-    at the deadline is interrupted with TimeoutError (a failed case), and once the time is spent
-    every later case of that question fails at once. Returns whether the limit is in place.
+    when the time is spent is interrupted with TimeoutError (a failed case), and every later case
+    of that question then fails at once. Returns whether the limit is in place.
     """
     if not hasattr(signal, "setitimer"):  # Windows: the whole-run --timeout still applies
         return False
+    timer, alarm = signal.ITIMER_PROF, signal.SIGPROF
     from otter.test_files import ok_test
 
     run_doctest = ok_test.run_doctest
-    deadlines = {}
+    left, current = {}, [None]  # processor seconds left to each question; the one running
 
     def on_alarm(signum, frame):
-        signal.setitimer(signal.ITIMER_REAL, 0.05)  # keep interrupting until the case gives up
+        signal.setitimer(timer, 0.05)  # keep interrupting until the case gives up
         raise TimeoutError(LIMIT_MESSAGE.format(q=current[0], s=seconds))
-
-    current = [None]
 
     def limited(name, doctest_string, global_environment):
         question, _, case = name.rpartition(" ")
-        if case == "0" or question not in deadlines:  # a new check of this question
-            deadlines[question] = time.monotonic() + seconds
-        left = deadlines[question] - time.monotonic()
-        if left <= 0:
+        if case == "0" or question not in left:  # a new check of this question
+            left[question] = seconds
+        if left[question] <= 0:
             return _timeout_result(question, seconds)
         current[0] = question
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, left)
+        previous = signal.signal(alarm, on_alarm)
+        start = time.process_time()
+        signal.setitimer(timer, left[question])
         try:
             return run_doctest(name, doctest_string, global_environment)
         except TimeoutError:  # the alarm struck outside the test's own code
+            left[question] = 0
             return _timeout_result(question, seconds)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+            signal.setitimer(timer, 0)
+            signal.signal(alarm, previous)
+            left[question] -= time.process_time() - start
 
     ok_test.run_doctest = limited
     return True

@@ -10,10 +10,11 @@
         if missing or older than its source); print each question's score and the total, for every
         failed test case which one failed and the error it raised, and for every answer cell that
         raised or was interrupted, what it raised. An answer cell that runs longer than
-        --cell-timeout seconds is interrupted, and a question whose tests run longer than
-        --question-timeout seconds in all (a function that loops when the tests call it) is cut
-        off: each costs only its own question. A run past --timeout seconds in all (default 60
-        plus --question-timeout per question) is stopped, kernel and all, and scores zero. The
+        --cell-timeout seconds is interrupted, and a question whose tests use more than
+        --question-timeout seconds of processor time in all (a function that loops when the
+        tests call it) is cut off: each costs only its own question. A run past --timeout seconds
+        in all (default 60 plus twice --question-timeout per question) is stopped, kernel and
+        all, and scores zero. The
         chapter comes from the notebook's metadata; --chapter overrides it.
 """
 
@@ -303,8 +304,9 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
      'notices': {q: [an answer cell that raised or was interrupted]}, 'total', 'max_total',
      'timed_out', 'timeout', 'seconds', 'run_id' (the value of TOKEN_ENV in the run's processes)}.
     An answer cell past ``cell_timeout`` s is interrupted, a question's tests past
-    ``question_timeout`` s are cut off (that question fails); past ``timeout`` s in all (default:
-    60 s plus ``question_timeout`` per question) the run is stopped and every question scores 0.
+    ``question_timeout`` s of processor time are cut off (that question fails); past ``timeout`` s
+    in all (default: 60 s plus twice ``question_timeout`` per question) the run is stopped and
+    every question scores 0.
     """
     name, nb = _resolve_submission(submission, chapter, source_dir)
     autograder = find_autograder(name, dist_dir)
@@ -315,7 +317,7 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
     hidden = {t["name"]: [bool(c.get("hidden")) for c in t["suites"][0]["cases"]]
               for t in _tests_in(autograder)}
     if timeout is None:
-        timeout = 60.0 + question_timeout * len(max_scores)
+        timeout = 60.0 + 2 * question_timeout * len(max_scores)  # room for a loop in each
 
     token = uuid.uuid4().hex
     work = Path(tempfile.mkdtemp(prefix="exercises-grade-"))
@@ -427,11 +429,11 @@ def main(argv=None):
     p_grade = sub.add_parser("grade", help="grade a submitted notebook locally with otter run")
     p_grade.add_argument("submission", metavar="SUBMISSION.ipynb")
     p_grade.add_argument("--timeout", type=float, default=None,
-                         help="seconds for the whole run (default 60 + 10 per question)")
+                         help="seconds for the whole run (default 60 + 20 per question)")
     p_grade.add_argument("--cell-timeout", type=float, default=10.0,
                          help="seconds for one answer cell (default 10)")
     p_grade.add_argument("--question-timeout", type=float, default=10.0,
-                         help="seconds for one question's tests (default 10)")
+                         help="processor seconds for one question's tests (default 10)")
     p_grade.add_argument("--chapter", help="chapter to grade against (default: from the notebook)")
     for p in (p_build, p_grade):
         p.add_argument("--source-dir", type=Path, default=SOURCE_DIR, help=argparse.SUPPRESS)
