@@ -121,9 +121,10 @@ def score_variants(autograder_zip, solution_nb, variants):
     return {"solution": solution, "variants": [run(q, code) for q, code in variants]}
 
 
-if __name__ == "__main__":  # python exercise_checks.py ZIP NOTEBOOK VARIANTS.json OUT.json
+if __name__ == "__main__":  # python exercise_checks.py JOBS.json OUT.json
     import sys
 
-    out = score_variants(sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read()))
-    with open(sys.argv[4], "w") as f:
-        json.dump(out, f)
+    # JOBS: [[autograder_zip, solution_nb, variants], ...], one per chapter, graded in one process
+    jobs = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[2], "w") as f:
+        json.dump([score_variants(*job) for job in jobs], f)

@@ -341,6 +341,10 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
                 if test["name"] in scores:
                     scores[test["name"]] = float(test["score"])
                     failures[test["name"]] = _failures(test.get("output"), hidden[test["name"]])
+            for q, said in notices.items():  # a name the tests miss because the cell never ran
+                if q in failures and any("syntax error" in n for n in said):
+                    failures[q] = [why + " (its answer cell has a syntax error: see the note)"
+                                   if "NameError" in why else why for why in failures[q]]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {

@@ -508,7 +508,6 @@ def sampling_blocks(prompt_len, generated, n, block_size):
     return shared + n * (total - shared), n * total
 '''),
 ]
-WRONG_CHAPTERS = sorted({c for c, *_ in WRONG_ANSWERS})
 
 
 def _error_line(failure: str) -> str:
@@ -517,24 +516,32 @@ def _error_line(failure: str) -> str:
     return errors[-1].strip() if errors else ""
 
 
-@pytest.mark.parametrize("chapter", WRONG_CHAPTERS)
-def test_plausible_wrong_answers_lose_points(built, chapter, tmp_path):
+@pytest.fixture(scope="module")
+def variant_scores(built, tmp_path_factory) -> dict:
+    """Every chapter's solution and wrong answers scored in one process: {chapter: scores}."""
+    work = tmp_path_factory.mktemp("variants")
+    jobs = [[str(built["zips"][chapter]),
+             str(built["dist"] / chapter / "autograder" / f"{chapter}.ipynb"),
+             [(q, code) for c, q, _, code in WRONG_ANSWERS if c == chapter]] for chapter in CHAPTERS]
+    (work / "jobs.json").write_text(json.dumps(jobs))
+    proc = subprocess.run([sys.executable, str(CHECKS), str(work / "jobs.json"),
+                           str(work / "scores.json")], capture_output=True, text=True,
+                          timeout=600, cwd=work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dict(zip(CHAPTERS, json.loads((work / "scores.json").read_text())))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_plausible_wrong_answers_lose_points(built, variant_scores, chapter):
     """Each wrong answer loses points on its own question, with a failure that shows what was
     expected and what came back; the solution, graded the same way, keeps full marks."""
-    wrong = [(q, why, code) for c, q, why, code in WRONG_ANSWERS if c == chapter]
-    variants = tmp_path / "variants.json"
-    variants.write_text(json.dumps([(q, code) for q, _, code in wrong]))
-    out = tmp_path / "scores.json"
-    solution = built["dist"] / chapter / "autograder" / f"{chapter}.ipynb"
-    proc = subprocess.run([sys.executable, str(CHECKS), str(built["zips"][chapter]), str(solution),
-                           str(variants), str(out)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    scores = json.loads(out.read_text())
+    wrong = [(q, why) for c, q, why, _ in WRONG_ANSWERS if c == chapter]
+    scores = variant_scores[chapter]
     assert set(scores["solution"]) == set(ex.question_points(built["zips"][chapter]))
     for q, (score, possible) in scores["solution"].items():
         assert score == possible > 0, f"{chapter} {q}: the solution scored {score} / {possible}"
-    for (q, why, _), (score, possible, failures) in zip(wrong, scores["variants"]):
+    assert len(scores["variants"]) == len(wrong)
+    for (q, why), (score, possible, failures) in zip(wrong, scores["variants"]):
         assert score < possible, f"{chapter} {q}: the wrong answer ({why}) kept full marks"
         shown = [_error_line(f) for f in failures]
         assert any("expected" in e and "got" in e for e in shown), \
