@@ -23,7 +23,8 @@ LIMIT_MESSAGE = ("{q} ran past its time limit of {s:g} s of processor time "
 def _timeout_result(question, seconds):
     """What otter records for a test case cut off, in the shape of a failed doctest."""
     why = LIMIT_MESSAGE.format(q=question, s=seconds)
-    return False, f"Failed example:\n    (the test case, cut off)\nException raised:\n    TimeoutError: {why}\n"
+    return False, ("Failed example:\n    (the test case, cut off)\nException raised:\n"
+                   f"    TimeoutError: {why}\n")
 
 
 def install_question_time_limit(seconds):

@@ -239,7 +239,8 @@ def test_one_broken_answer_costs_only_its_question(built, chapter, tmp_path):
         broken.add("q2")
         notices["q2"] = "interrupted after 5 s"
     if chapter == LOOP_IN_TESTS_CHAPTER:
-        answers[1]["source"] += "\n\ndef min_microbatches(p, target):\n    while True:\n        pass\n"
+        loop = "\n\ndef min_microbatches(p, target):\n    while True:\n        pass\n"
+        answers[1]["source"] += loop
         answers[2]["source"] += "\nraise RuntimeError('a stray line after the answer')\n"
         broken.add("q2")
         notices["q3"] = "RuntimeError: a stray line"
