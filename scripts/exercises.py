@@ -5,14 +5,17 @@
         and solutions; gitignored) and copy the student notebook to exercises/student/<name>.ipynb
         (committed). CHAPTER is a notebook name such as 01_memory_wall, or its number (1 or 01).
 
-    python scripts/exercises.py grade SUBMISSION.ipynb [--timeout 60] [--cell-timeout 10]
+    python scripts/exercises.py grade SUBMISSION.ipynb [--cell-timeout 10] [--question-timeout 10]
         grade a filled-in notebook with `otter run` against its chapter's autograder (built first
-        if missing or older than its source); print each question's score and the total, and for
-        every failed test case which one failed and the error it raised. An answer cell that runs
-        longer than --cell-timeout seconds is interrupted and costs only its own question; a
-        submission that runs longer than --timeout seconds in all (a function that loops when the
-        tests call it, say) is stopped, kernel and all, and scores zero. The chapter comes from
-        the notebook's metadata; --chapter overrides it.
+        if missing or older than its source); print each question's score and the total, for every
+        failed test case which one failed and the error it raised, and for every answer cell that
+        raised or was interrupted, what it raised. An answer cell that runs longer than
+        --cell-timeout seconds is interrupted, and a question whose tests use more than
+        --question-timeout seconds of processor time in all (a function that loops when the
+        tests call it) is cut off: each costs only its own question. A run past --timeout seconds
+        in all (default 60 plus twice --question-timeout per question) is stopped, kernel and
+        all, and scores zero. The
+        chapter comes from the notebook's metadata; --chapter overrides it.
 """
 
 import argparse
@@ -214,16 +217,8 @@ def _submission_name(nb_path):
     return nb.get("metadata", {}).get("otter", {}).get("assignment_name"), nb
 
 
-def grade(submission, *, timeout=60.0, cell_timeout=10.0, chapter=None, source_dir=SOURCE_DIR,
-          dist_dir=DIST_DIR):
-    """Grade one notebook with otter run in a subprocess; return a results dict.
-
-    {'chapter', 'scores': {q: score}, 'max_scores': {q: points}, 'failures': {q: [why, ...]},
-     'total', 'max_total', 'timed_out', 'seconds', 'run_id' (the value of TOKEN_ENV in the
-     run's processes)}. An answer cell running past ``cell_timeout`` seconds is interrupted (its
-    question fails); past ``timeout`` seconds in all, the run is stopped and every question
-    scores 0.
-    """
+def _resolve_submission(submission, chapter, source_dir):
+    """(chapter name, notebook dict) of a submission: --chapter, else its metadata or file name."""
     submission = Path(submission)
     if not submission.is_file() or submission.suffix != ".ipynb":
         raise ExerciseError(f"submission={str(submission)!r} is not an existing .ipynb file")
@@ -238,6 +233,82 @@ def grade(submission, *, timeout=60.0, cell_timeout=10.0, chapter=None, source_d
     name = resolve_chapter(name, source_dir)
     if meta_name not in (None, name):
         raise ExerciseError(f"submission={str(submission)!r} is for {meta_name!r}, not {name!r}")
+    return name, nb
+
+
+def _answer_cell_notices(executed_path, cell_timeout):
+    """{question: [notice]} for every answer cell of the executed notebook that raised an error
+    or was interrupted; the question is the one whose check follows the cell."""
+    try:
+        cells = json.loads(Path(executed_path).read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return {}  # the run was stopped before otter wrote it
+    notices, pending = {}, []
+    for cell in cells:
+        if cell["cell_type"] != "code":
+            continue
+        if ANSWER_TAG in cell.get("metadata", {}).get("tags", []):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") != "error":
+                    continue
+                if out.get("ename") == "KeyboardInterrupt":
+                    pending.append(f"its answer cell was interrupted after {cell_timeout:g} s "
+                                   "(--cell-timeout) and did not finish; the tests ran without "
+                                   "the rest of it")
+                elif out.get("ename") == "SyntaxError":
+                    pending.append(f"its answer cell has a syntax error, so none of it ran: "
+                                   f"SyntaxError: {out.get('evalue', '')}")
+                else:
+                    pending.append(f"its answer cell raised {out.get('ename')}: "
+                                   f"{out.get('evalue', '')}; the tests ran on what it had "
+                                   "defined before that")
+        question = re.search(r"\.check\(\s*[\"'](\w+)[\"']\s*\)", _cell_source(cell))
+        if question and pending:
+            notices.setdefault(question.group(1), []).extend(pending)
+            pending = []
+    return notices
+
+
+def _cell_source(cell):
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _run_otter(autograder, nb, submission_name, work, token, timeout, limits):
+    """Run otter on a copy of nb in work/; return (process, timed_out)."""
+    sub_copy = work / "submission" / submission_name
+    sub_copy.parent.mkdir()
+    sub_copy.write_text(json.dumps(nb))
+    (work / "tmp").mkdir()
+    env = dict(os.environ, **{TOKEN_ENV: token, "TMPDIR": str(work / "tmp")})
+    with open(work / "otter.log", "w") as log:  # a file, not a pipe: no wait on a straggler's EOF
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "_otter-run", *map(str, limits),
+             str(work / "executed.ipynb"),
+             "--no-logo", "-a", str(autograder), "-o", str(work), str(sub_copy)],
+            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, which _stop kills whole
+        )
+        try:
+            proc.wait(timeout=timeout)
+            return proc, False
+        except subprocess.TimeoutExpired:
+            _stop(proc, token)
+            return proc, True
+
+
+def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0, chapter=None,
+          source_dir=SOURCE_DIR, dist_dir=DIST_DIR):
+    """Grade one notebook with otter run in a subprocess; return a results dict.
+
+    {'chapter', 'scores': {q: score}, 'max_scores': {q: points}, 'failures': {q: [why, ...]},
+     'notices': {q: [an answer cell that raised or was interrupted]}, 'total', 'max_total',
+     'timed_out', 'timeout', 'seconds', 'run_id' (the value of TOKEN_ENV in the run's processes)}.
+    An answer cell past ``cell_timeout`` s is interrupted, a question's tests past
+    ``question_timeout`` s of processor time are cut off (that question fails); past ``timeout`` s
+    in all (default: 60 s plus twice ``question_timeout`` per question) the run is stopped and
+    every question scores 0.
+    """
+    name, nb = _resolve_submission(submission, chapter, source_dir)
     autograder = find_autograder(name, dist_dir)
     source_mtime = available_chapters(source_dir)[name].stat().st_mtime
     if autograder is None or autograder.stat().st_mtime < source_mtime:  # missing or stale
@@ -245,71 +316,79 @@ def grade(submission, *, timeout=60.0, cell_timeout=10.0, chapter=None, source_d
     max_scores = question_points(autograder)
     hidden = {t["name"]: [bool(c.get("hidden")) for c in t["suites"][0]["cases"]]
               for t in _tests_in(autograder)}
+    if timeout is None:
+        timeout = 60.0 + 2 * question_timeout * len(max_scores)  # room for a loop in each
 
     token = uuid.uuid4().hex
     work = Path(tempfile.mkdtemp(prefix="exercises-grade-"))
+    scores = {q: 0.0 for q in max_scores}
+    failures = {q: [] for q in max_scores}
     try:
         nb.setdefault("metadata", {}).setdefault("otter", {})["assignment_name"] = name
-        sub_copy = work / "submission" / submission.name
-        sub_copy.parent.mkdir()
-        sub_copy.write_text(json.dumps(nb))
-        (work / "tmp").mkdir()
-        env = dict(os.environ, **{TOKEN_ENV: token, "TMPDIR": str(work / "tmp")})
-        log_path = work / "otter.log"
         start = time.monotonic()
-        with open(log_path, "w") as log:  # a file, not a pipe: no wait on a straggler's EOF
-            proc = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "_otter-run", str(cell_timeout),
-                 "--no-logo", "-a", str(autograder), "-o", str(work), str(sub_copy)],
-                cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group, which _stop kills whole
-            )
-            try:
-                proc.wait(timeout=timeout)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                _stop(proc, token)
-                timed_out = True
+        proc, timed_out = _run_otter(autograder, nb, Path(submission).name, work, token, timeout,
+                                     (cell_timeout, question_timeout))
         seconds = time.monotonic() - start
-        scores = {q: 0.0 for q in max_scores}
-        failures = {q: [] for q in max_scores}
+        notices = _answer_cell_notices(work / "executed.ipynb", cell_timeout)
         if not timed_out:
             results_path = work / "results.json"
             if proc.returncode != 0 or not results_path.is_file():
                 raise GradingError(
                     f"otter run failed on submission={str(submission)!r} "
-                    f"(exit {proc.returncode}):\n" + log_path.read_text()[-3000:]
+                    f"(exit {proc.returncode}):\n" + (work / "otter.log").read_text()[-3000:]
                 )
             for test in json.loads(results_path.read_text())["tests"]:
                 if test["name"] in scores:
                     scores[test["name"]] = float(test["score"])
                     failures[test["name"]] = _failures(test.get("output"), hidden[test["name"]])
+            for q, said in notices.items():  # a name the tests miss because the cell never ran
+                if q in failures and any("syntax error" in n for n in said):
+                    failures[q] = [why + " (its answer cell has a syntax error: see the note)"
+                                   if "NameError" in why else why for why in failures[q]]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
         "chapter": name, "scores": scores, "max_scores": max_scores, "failures": failures,
+        "notices": {q: notices.get(q, []) for q in max_scores},
         "total": sum(scores.values()), "max_total": sum(max_scores.values()),
-        "timed_out": timed_out, "seconds": seconds, "run_id": token,
+        "timed_out": timed_out, "timeout": timeout, "seconds": seconds, "run_id": token,
     }
 
 
-def _print_results(submission, r, timeout):
-    print(f"Grading {submission} against {r['chapter']} (timeout {timeout:g} s)")
+def _print_results(submission, r):
+    print(f"Grading {submission} against {r['chapter']} (timeout {r['timeout']:g} s)")
     if r["timed_out"]:
-        print(f"TIMED OUT after {timeout:g} s: the notebook did not finish (an infinite loop?); "
-              "every question scores 0.")
+        print(f"TIMED OUT after {r['timeout']:g} s: the notebook did not finish (an infinite "
+              "loop?); every question scores 0.")
     for q, max_score in r["max_scores"].items():
         print(f"  {q:<8} {r['scores'][q]:6.2f} / {max_score:g}")
+        for notice in r["notices"][q]:
+            print(f"             note: {notice}")
         for why in r["failures"][q]:
             print(f"             {why}")
     print(f"  {'total':<8} {r['total']:6.2f} / {r['max_total']:g}")
 
 
-def _otter_run(cell_timeout, otter_args):
-    """`otter run` with a time limit on each answer cell: a cell past it is interrupted
-    (KeyboardInterrupt), which otter records as an error in that cell, and the run goes on."""
+# The grading kernel's first cell after otter's own: each question's tests get a time limit.
+LIMIT_CELL = """\
+import importlib.util as _exercise_util
+_exercise_spec = _exercise_util.spec_from_file_location("exercise_checks", {path!r})
+_exercise_checks = _exercise_util.module_from_spec(_exercise_spec)
+_exercise_spec.loader.exec_module(_exercise_checks)
+_exercise_checks.install_question_time_limit({seconds!r})
+del _exercise_util, _exercise_spec, _exercise_checks
+"""
+
+
+def _otter_run(cell_timeout, question_timeout, executed_path, otter_args):
+    """`otter run` with time limits: an answer cell past cell_timeout is interrupted
+    (KeyboardInterrupt, an error in that cell) and a question's tests past question_timeout
+    fail; the run goes on. The executed notebook is written to executed_path."""
+    import nbformat
     from nbconvert.preprocessors import ExecutePreprocessor
     from otter.cli import cli
+    from otter.execute.preprocessor import GradingPreprocessor
+    from otter.run.run_autograder.runners import python_runner
 
     init = ExecutePreprocessor.__init__
 
@@ -319,7 +398,24 @@ def _otter_run(cell_timeout, otter_args):
         self.timeout_func = lambda cell: (
             cell_timeout if ANSWER_TAG in cell.get("metadata", {}).get("tags", []) else None)
 
+    add_cells = GradingPreprocessor.add_init_and_export_cells
+
+    def add_cells_and_limit(self, nb):
+        add_cells(self, nb)  # otter's set-up cell first, its export cell last
+        source = LIMIT_CELL.format(path=str(Path(__file__).with_name("exercise_checks.py")),
+                                   seconds=question_timeout)
+        nb.cells.insert(1, nbformat.v4.new_code_cell(source))
+
+    grade_notebook = python_runner.grade_notebook
+
+    def grade_and_keep(*args, **kwargs):
+        results = grade_notebook(*args, **kwargs)
+        nbformat.write(results.notebook, executed_path)
+        return results
+
     ExecutePreprocessor.__init__ = limited_init
+    GradingPreprocessor.add_init_and_export_cells = add_cells_and_limit
+    python_runner.grade_notebook = grade_and_keep
     cli(["run", *otter_args], standalone_mode=False)
     return 0
 
@@ -327,7 +423,7 @@ def _otter_run(cell_timeout, otter_args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_otter-run"]:  # internal: what grade() runs in its subprocess
-        return _otter_run(float(argv[1]), argv[2:])
+        return _otter_run(float(argv[1]), float(argv[2]), argv[3], argv[4:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -336,9 +432,12 @@ def main(argv=None):
     p_build.add_argument("chapters", nargs="*", metavar="CHAPTER", help="default: all chapters")
     p_grade = sub.add_parser("grade", help="grade a submitted notebook locally with otter run")
     p_grade.add_argument("submission", metavar="SUBMISSION.ipynb")
-    p_grade.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    p_grade.add_argument("--timeout", type=float, default=None,
+                         help="seconds for the whole run (default 60 + 20 per question)")
     p_grade.add_argument("--cell-timeout", type=float, default=10.0,
                          help="seconds for one answer cell (default 10)")
+    p_grade.add_argument("--question-timeout", type=float, default=10.0,
+                         help="processor seconds for one question's tests (default 10)")
     p_grade.add_argument("--chapter", help="chapter to grade against (default: from the notebook)")
     for p in (p_build, p_grade):
         p.add_argument("--source-dir", type=Path, default=SOURCE_DIR, help=argparse.SUPPRESS)
@@ -353,13 +452,14 @@ def main(argv=None):
                                  student_dir=args.student_dir)
                 print(f"built {name}: {zip_path}; student notebook in {args.student_dir}")
         else:
-            for flag, value in (("--timeout", args.timeout), ("--cell-timeout", args.cell_timeout)):
-                if value <= 0:
+            for flag, value in (("--timeout", args.timeout), ("--cell-timeout", args.cell_timeout),
+                                ("--question-timeout", args.question_timeout)):
+                if value is not None and value <= 0:
                     raise ExerciseError(f"{flag}={value:g} must be a positive number of seconds")
             r = grade(args.submission, timeout=args.timeout, cell_timeout=args.cell_timeout,
-                      chapter=args.chapter,
+                      question_timeout=args.question_timeout, chapter=args.chapter,
                       source_dir=args.source_dir, dist_dir=args.dist_dir)
-            _print_results(args.submission, r, args.timeout)
+            _print_results(args.submission, r)
     except ExerciseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if isinstance(e, GradingError) else 2

@@ -1,8 +1,11 @@
 """The exercise pipeline: otter assign builds, otter run grades, and nothing hidden leaks.
 
 Builds every chapter once into a temporary folder (scripts/exercises.py build), then grades the
-solutions, an untouched student notebook, a submission with one broken answer, and an endless
-loop with scripts/exercises.py grade; checks statically that every answer cell stands alone.
+solutions, an untouched student notebook, a submission with broken answers (a syntax error, a
+function that loops when the tests call it, a cell that raises), and an endless loop with
+scripts/exercises.py grade; scores plausible wrong answers against the hidden tests with otter's
+own test classes (scripts/exercise_checks.py, one process per chapter); checks statically that
+every answer cell stands alone and every hidden assertion says what it expected.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "exercises.py"
+CHECKS = ROOT / "scripts" / "exercise_checks.py"
 COMMITTED_STUDENT_DIR = ROOT / "exercises" / "student"
 
 # One xdist worker builds the exercises once and runs every test of this module.
@@ -216,18 +220,34 @@ def _filled_in(built, chapter) -> dict:
     return nb
 
 
+LOOP_IN_TESTS_CHAPTER = "06_pipeline"  # where a function loops only when the tests call it
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_one_broken_answer_costs_only_its_question(built, chapter, tmp_path):
+    """A syntax error in q1's cell costs q1 alone and is reported as the syntax error it is. In the
+    first chapter q2's cell also loops at its top (interrupted by the cell limit); in chapter 6
+    q2's function loops only when the tests call it (its tests are cut off by the question's
+    limit, which names q2) and q3's cell raises after defining its answer (full marks, and a
+    notice that the cell raised)."""
     nb = _filled_in(built, chapter)
     answers = [c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", [])]
     answers[0]["source"] += "\nthis line is not Python (\n"  # a syntax error in q1's cell
-    broken = {"q1"}
+    broken, notices = {"q1"}, {"q1": "SyntaxError"}
     if chapter == CHAPTERS[0]:  # and, in one chapter, an endless loop at the top of q2's cell
         answers[1]["source"] = "while True:\n    pass\n" + answers[1]["source"]
         broken.add("q2")
+        notices["q2"] = "interrupted after 5 s"
+    if chapter == LOOP_IN_TESTS_CHAPTER:
+        loop = "\n\ndef min_microbatches(p, target):\n    while True:\n        pass\n"
+        answers[1]["source"] += loop
+        answers[2]["source"] += "\nraise RuntimeError('a stray line after the answer')\n"
+        broken.add("q2")
+        notices["q3"] = "RuntimeError: a stray line"
     submission = tmp_path / "broken.ipynb"
     submission.write_text(json.dumps(nb))
-    result = ex.grade(submission, timeout=240, cell_timeout=5, dist_dir=built["dist"])
+    result = ex.grade(submission, timeout=240, cell_timeout=5, question_timeout=5,
+                      dist_dir=built["dist"])
     assert not result["timed_out"]
     assert sorted(result["max_scores"])[:2] == ["q1", "q2"], result["max_scores"]
     for q, points in result["max_scores"].items():
@@ -238,6 +258,11 @@ def test_one_broken_answer_costs_only_its_question(built, chapter, tmp_path):
                        for why in result["failures"][q]), result["failures"][q]
         else:
             assert result["scores"][q] == points and not result["failures"][q], (q, result)
+        said = result["notices"][q]
+        assert (notices[q] in " ".join(said)) if q in notices else not said, (q, said)
+    if chapter == LOOP_IN_TESTS_CHAPTER:
+        assert all("TimeoutError: q2 ran past its time limit of 5 s" in why
+                   for why in result["failures"]["q2"]), result["failures"]["q2"]
 
 
 def test_endless_loop_is_cut_off_and_scores_zero(built, tmp_path):
@@ -282,3 +307,243 @@ def test_bad_arguments_name_the_argument(args, named):
                           timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert named in proc.stderr and proc.stderr.startswith("error:"), proc.stderr
+
+
+def _hidden_test_bodies(source_nb: Path) -> list[str]:
+    """The code of every hidden test cell of a source notebook (its config block removed)."""
+    bodies = []
+    for cell in json.loads(source_nb.read_text())["cells"]:
+        config = re.match(CONFIG_RE, _source(cell), re.S)
+        if cell["cell_type"] == "code" and config and re.search(r"hidden:\s*true", config.group(1)):
+            bodies.append(_source(cell)[config.end():])
+    return bodies
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_hidden_assertion_says_what_it_expected(chapter):
+    """A hidden test shows a student only its error line, so every assert carries a message."""
+    bodies = _hidden_test_bodies(ex.SOURCE_DIR / f"{chapter}.ipynb")
+    assert bodies, f"{chapter}: no hidden tests found"
+    for body in bodies:
+        for node in ast.walk(ast.parse(body)):
+            if isinstance(node, ast.Assert):
+                assert node.msg is not None, \
+                    f"{chapter}: hidden `assert {ast.unparse(node.test)[:60]}` has no message"
+                assert "expected" in ast.unparse(node.msg), \
+                    f"{chapter}: hidden assert message says no 'expected': {ast.unparse(node.msg)}"
+
+
+# Plausible wrong answers, each of which scored full marks before a hidden case was added for it:
+# (chapter, question, the mistake, code run after the solution cells that redefines one function).
+WRONG_ANSWERS = [
+    ("02_zero", "q2", "only a stage above 3 rejected", '''
+def zero_bytes_per_rank(n_params, world_size, stage):
+    if stage > 3:
+        raise ValueError(f"stage={stage!r} must be 0, 1, 2 or 3")
+    shard = -(-n_params // world_size)
+    params = 2 * (shard if stage >= 3 else n_params)
+    grads = 2 * (shard if stage >= 2 else n_params)
+    optimizer = 12 * (shard if stage >= 1 else n_params)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}
+'''),
+    ("02_zero", "q2", "a bool accepted as a stage", '''
+def zero_bytes_per_rank(n_params, world_size, stage):
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage={stage!r} must be 0, 1, 2 or 3")
+    shard = -(-n_params // world_size)
+    params = 2 * (shard if stage >= 3 else n_params)
+    grads = 2 * (shard if stage >= 2 else n_params)
+    optimizer = 12 * (shard if stage >= 1 else n_params)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}
+'''),
+    ("02_zero", "q4", "only a negative stage rejected", '''
+def comm_elements_per_step(group_numels, world_size, stage):
+    if stage < 0:
+        raise ValueError(f"stage={stage!r} must be 0, 1, 2 or 3")
+    if stage == 0:
+        return 2 * sum(group_numels)
+    padded = sum(-(-n // world_size) * world_size for n in group_numels)
+    return (3 if stage == 3 else 2) * padded
+'''),
+    ("03_checkpointing", "q3", "a bool or a float accepted as k", '''
+_policy_activation_bytes = policy_activation_bytes
+def policy_activation_bytes(s, b, h, a, n_layer, policy, k=None, t=1, sequence_parallel=False):
+    if policy == "every_k" and (k is None or k < 1):
+        raise ValueError(f"k={k!r} must be >= 1 for policy='every_k'")
+    if policy == "every_k":  # k=True or k=2.0 go through: n_layer // k counts the full layers
+        whole = _policy_activation_bytes(s, b, h, a, 1, "none", t=t, sequence_parallel=sequence_parallel)
+        n_full = n_layer // k
+        return n_full * 2 * s * b * h + (n_layer - n_full) * whole
+    return _policy_activation_bytes(s, b, h, a, n_layer, policy, t=t, sequence_parallel=sequence_parallel)
+'''),
+    ("04_accumulation", "q1", "token id 0 taken for padding", '''
+def microbatch_loss_scales(targets):
+    n_window = sum(int((y > 0).sum()) for y in targets)
+    if n_window == 0:
+        raise ValueError("targets: the window has no real tokens")
+    return [1.0 / n_window for _ in targets]
+'''),
+    ("04_accumulation", "q1", "scales as tensors, not floats", '''
+def microbatch_loss_scales(targets):
+    n_window = sum((y != -100).sum() for y in targets)
+    if n_window == 0:
+        raise ValueError("targets: the window has no real tokens")
+    return [1.0 / n_window for _ in targets]
+'''),
+    ("04_accumulation", "q3", "a bool or a float accepted as a count", '''
+def allreduce_calls(num_steps, num_microbatches, num_buckets, use_no_sync):
+    for name, value, low in [("num_steps", num_steps, 0), ("num_microbatches", num_microbatches, 1),
+                             ("num_buckets", num_buckets, 1)]:
+        if value < low:
+            raise ValueError(f"{name}={value!r} must be >= {low}")
+    return num_steps * (1 if use_no_sync else num_microbatches) * num_buckets
+'''),
+    ("05_tensor_parallel", "q2", "partials checked only in sum: y split evenly over the ranks", '''
+_attention_tp = attention_tp
+def attention_tp(x, w_qkv, b_qkv, w_proj, b_proj, n_head, t):
+    y, _ = _attention_tp(x, w_qkv, b_qkv, w_proj, b_proj, n_head, t)
+    return y, [(y - b_proj) / t for _ in range(t)]
+'''),
+    ("05_tensor_parallel", "q2", "partials in the wrong rank order", '''
+_attention_tp = attention_tp
+def attention_tp(x, w_qkv, b_qkv, w_proj, b_proj, n_head, t):
+    y, partials = _attention_tp(x, w_qkv, b_qkv, w_proj, b_proj, n_head, t)
+    return y, partials[::-1]
+'''),
+    ("05_tensor_parallel", "q3", "max_t ignored: t searched over 1, 2, 4, 8", '''
+def smallest_t(s, b, h, a, n_layer, budget, sequence_parallel, max_t=8):
+    for t in (1, 2, 4, 8):
+        if a % t == 0 and n_layer * layer_activation_bytes(s, b, h, a, t, sequence_parallel) <= budget:
+            return t
+    raise ValueError(f"budget={budget} bytes is too small for any t: recompute instead")
+'''),
+    ("05_tensor_parallel", "q3", "a budget that must be strictly larger", '''
+def smallest_t(s, b, h, a, n_layer, budget, sequence_parallel, max_t=8):
+    t = 1
+    while t <= max_t:
+        if a % t == 0 and n_layer * layer_activation_bytes(s, b, h, a, t, sequence_parallel) < budget:
+            return t
+        t *= 2
+    raise ValueError(f"budget={budget} bytes is too small for any t <= max_t={max_t}")
+'''),
+    ("06_pipeline", "q1", "no check of pp_size < 1 or of rank", '''
+def stage_layers(n_layer, pp_size, rank):
+    if pp_size > n_layer:
+        raise ValueError(f"pp_size={pp_size} exceeds n_layer={n_layer}")
+    base, extra = divmod(n_layer, pp_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+'''),
+    ("06_pipeline", "q2", "the micro-batch count in floating point (13 at p = 4, target 0.2)", '''
+import math
+def min_microbatches(p, target):
+    return max(1, math.ceil((p - 1) * (1 - target) / target))
+'''),
+    ("06_pipeline", "q2", "a float count", '''
+def min_microbatches(p, target):
+    m = 1.0
+    while bubble(p, m, "gpipe") > target:
+        m += 1
+    return m
+'''),
+    ("07_flash_attention", "q2", "every tile kept: the row rebuilt, then one logsumexp", '''
+def row_lse(tiles):
+    tiles = [t for t in tiles if t.numel()]
+    return torch.logsumexp(torch.cat(tiles), 0).item() if tiles else float("-inf")
+'''),
+    ("07_flash_attention", "q2", "the running maximum started at 0: very negative rows underflow", '''
+def row_lse(tiles):
+    m, l = 0.0, 0.0
+    for tile in tiles:
+        if tile.numel() == 0:
+            continue
+        m_new = max(m, tile.max().item())
+        l = math.exp(m - m_new) * l + (tile - m_new).exp().sum().item()
+        m = m_new
+    return m + math.log(l) if l > 0 else float("-inf")
+'''),
+    ("07_flash_attention", "q2", "a 0-d tensor returned, not a float", '''
+def row_lse(tiles):
+    m, l = float("-inf"), torch.tensor(0.0, dtype=torch.float64)
+    for tile in tiles:
+        if tile.numel() == 0:
+            continue
+        m_new = max(m, tile.max().item())
+        if m_new == float("-inf"):
+            continue
+        l = l * math.exp(m - m_new) + (tile - m_new).exp().sum()
+        m = m_new
+    return m + torch.log(l) if l > 0 else float("-inf")
+'''),
+    ("07_flash_attention", "q3", "the tile inequality taken strictly", '''
+def hbm_forward(N, d, M, kind):
+    if kind == "standard":
+        return 4 * N * N + 4 * N * d
+    if kind != "flash" or M < 4 * d + 1:
+        raise ValueError(f"kind={kind!r}, M={M}")
+    B = 1
+    while (B + 1) ** 2 + 4 * d * (B + 1) < M:
+        B += 1
+    return N * d + -(-N // B) * 2 * N * d + N * d + N
+'''),
+    ("08_paged_attention", "q1", "only zero rejected, and neither head_dim nor batch_size checked", '''
+def kv_cache_bytes(n_layer, n_kv_heads, head_dim, dtype_bytes, context_len, batch_size=1):
+    for name, value in [("n_layer", n_layer), ("n_kv_heads", n_kv_heads), ("dtype_bytes", dtype_bytes)]:
+        if value == 0 or (name == "n_kv_heads" and value < 0):
+            raise ValueError(f"{name}={value!r} must be positive")
+    if context_len < 0:
+        raise ValueError(f"context_len={context_len!r} must be non-negative")
+    return 2 * n_layer * n_kv_heads * head_dim * dtype_bytes * context_len * batch_size
+'''),
+    ("08_paged_attention", "q2", "a float block_size accepted", '''
+def blocks_for_batch(lengths, block_size):
+    if block_size <= 0:
+        raise ValueError(f"block_size={block_size!r} must be a positive int")
+    blocks = sum(-(-n // block_size) for n in lengths)
+    return blocks, blocks * block_size - sum(lengths)
+'''),
+    ("08_paged_attention", "q3", "generated == 0 with a partial prompt block ((20, 0, 2, 16) gives 3)", '''
+def sampling_blocks(prompt_len, generated, n, block_size):
+    total = -(-(prompt_len + generated) // block_size)
+    shared = prompt_len // block_size
+    return shared + n * (total - shared), n * total
+'''),
+]
+
+
+def _error_line(failure: str) -> str:
+    """The last `SomeError: message` line of a failed test case's report."""
+    errors = re.findall(r"^\s*((?:[\w.]+(?:Error|Exception))\b.*)$", failure, re.M)
+    return errors[-1].strip() if errors else ""
+
+
+@pytest.fixture(scope="module")
+def variant_scores(built, tmp_path_factory) -> dict:
+    """Every chapter's solution and wrong answers scored in one process: {chapter: scores}."""
+    work = tmp_path_factory.mktemp("variants")
+    jobs = [[str(built["zips"][chapter]),
+             str(built["dist"] / chapter / "autograder" / f"{chapter}.ipynb"),
+             [(q, code) for c, q, _, code in WRONG_ANSWERS if c == chapter]] for chapter in CHAPTERS]
+    (work / "jobs.json").write_text(json.dumps(jobs))
+    proc = subprocess.run([sys.executable, str(CHECKS), str(work / "jobs.json"),
+                           str(work / "scores.json")], capture_output=True, text=True,
+                          timeout=600, cwd=work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dict(zip(CHAPTERS, json.loads((work / "scores.json").read_text())))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_plausible_wrong_answers_lose_points(built, variant_scores, chapter):
+    """Each wrong answer loses points on its own question, with a failure that shows what was
+    expected and what came back; the solution, graded the same way, keeps full marks."""
+    wrong = [(q, why) for c, q, why, _ in WRONG_ANSWERS if c == chapter]
+    scores = variant_scores[chapter]
+    assert set(scores["solution"]) == set(ex.question_points(built["zips"][chapter]))
+    for q, (score, possible) in scores["solution"].items():
+        assert score == possible > 0, f"{chapter} {q}: the solution scored {score} / {possible}"
+    assert len(scores["variants"]) == len(wrong)
+    for (q, why), (score, possible, failures) in zip(wrong, scores["variants"]):
+        assert score < possible, f"{chapter} {q}: the wrong answer ({why}) kept full marks"
+        shown = [_error_line(f) for f in failures]
+        assert any("expected" in e and "got" in e for e in shown), \
+            f"{chapter} {q} ({why}): no failure shows expected and got: {shown}"

@@ -1,0 +1,131 @@
+"""Grading helpers that run outside scripts/exercises.py's own process.
+
+- `install_question_time_limit(seconds)` runs inside the grading kernel (scripts/exercises.py
+  adds a cell that calls it): each question's tests get `seconds` of processor time in all, so a
+  function that loops when the tests call it fails its own question, named, and the notebook goes
+  on. Processor time, not wall-clock time: a loaded machine slows an honest answer down without
+  making it use more of it, and a test that waits on forked ranks uses almost none.
+- `score_variants(autograder_zip, solution_nb, variants)` grades answer variants (a solution with
+  one function rewritten) with otter's own test classes in one process, without a kernel per
+  variant: tests/test_exercises.py uses it to show that each plausible wrong answer loses points.
+"""
+
+import json
+import signal
+import time
+
+__all__ = ["install_question_time_limit", "score_variants"]
+
+LIMIT_MESSAGE = ("{q} ran past its time limit of {s:g} s of processor time "
+                 "(does a function it calls loop forever?)")
+
+
+def _timeout_result(question, seconds):
+    """What otter records for a test case cut off, in the shape of a failed doctest."""
+    why = LIMIT_MESSAGE.format(q=question, s=seconds)
+    return False, ("Failed example:\n    (the test case, cut off)\nException raised:\n"
+                   f"    TimeoutError: {why}\n")
+
+
+def install_question_time_limit(seconds):
+    """Give each question's tests `seconds` of processor time in all (ITIMER_PROF, where it exists).
+
+    Wraps otter's run_doctest: the first case of a question starts its clock; a case still running
+    when the time is spent is interrupted with TimeoutError (a failed case), and every later case
+    of that question then fails at once. Returns whether the limit is in place.
+    """
+    if not hasattr(signal, "setitimer"):  # Windows: the whole-run --timeout still applies
+        return False
+    timer, alarm = signal.ITIMER_PROF, signal.SIGPROF
+    from otter.test_files import ok_test
+
+    run_doctest = ok_test.run_doctest
+    left, current = {}, [None]  # processor seconds left to each question; the one running
+
+    def on_alarm(signum, frame):
+        signal.setitimer(timer, 0.05)  # keep interrupting until the case gives up
+        raise TimeoutError(LIMIT_MESSAGE.format(q=current[0], s=seconds))
+
+    def limited(name, doctest_string, global_environment):
+        question, _, case = name.rpartition(" ")
+        if case == "0" or question not in left:  # a new check of this question
+            left[question] = seconds
+        if left[question] <= 0:
+            return _timeout_result(question, seconds)
+        current[0] = question
+        previous = signal.signal(alarm, on_alarm)
+        start = time.process_time()
+        signal.setitimer(timer, left[question])
+        try:
+            return run_doctest(name, doctest_string, global_environment)
+        except TimeoutError:  # the alarm struck outside the test's own code
+            left[question] = 0
+            return _timeout_result(question, seconds)
+        finally:
+            signal.setitimer(timer, 0)
+            signal.signal(alarm, previous)
+            left[question] -= time.process_time() - start
+
+    ok_test.run_doctest = limited
+    return True
+
+
+def _code_cells(nb):
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            src = cell["source"]
+            yield cell, "".join(src) if isinstance(src, list) else src
+
+
+def score_variants(autograder_zip, solution_nb, variants):
+    """Score the solution and each variant against the autograder's tests, in this process.
+
+    solution_nb: the autograder's notebook (solutions filled in). variants: [(question, code)]:
+    `code` runs after every solution cell (it redefines the function it gets wrong). Returns
+    {"solution": {q: (score, possible)}, "variants": [(score, possible, [failure texts])]}.
+    """
+    import zipfile
+
+    from otter.test_files import OKTestFile
+
+    tests = {}
+    with zipfile.ZipFile(autograder_zip) as z:
+        for member in sorted(z.namelist()):
+            if member.startswith("tests/") and member.endswith(".py"):
+                ns = {}
+                exec(z.read(member).decode(), ns)  # our own generated file: `test = {...}`
+                tests[ns["test"]["name"]] = ns["test"]
+    nb = json.loads(open(solution_nb).read())
+    setup, solutions = [], []
+    for cell, src in _code_cells(nb):
+        tags = cell["metadata"].get("tags", [])
+        if "otter_assign_solution_cell" in tags:
+            solutions.append(src)
+        elif ".check(" not in src:  # the grader's check cells run the tests: not here
+            setup.append(src)
+    base = {"__name__": "__main__"}
+    for src in setup:
+        exec(compile(src, "<setup>", "exec"), base)
+
+    def run(question, extra):
+        env = dict(base)
+        for src in solutions:
+            exec(compile(src, "<solution>", "exec"), env)
+        if extra:
+            exec(compile(extra, "<variant>", "exec"), env)
+        test = OKTestFile.from_spec(tests[question])
+        test.run(env)
+        failed = [r.message for r in test.test_case_results if not r.passed]
+        return test.score, test.possible, failed
+
+    solution = {q: run(q, None)[:2] for q in tests}
+    return {"solution": solution, "variants": [run(q, code) for q, code in variants]}
+
+
+if __name__ == "__main__":  # python exercise_checks.py JOBS.json OUT.json
+    import sys
+
+    # JOBS: [[autograder_zip, solution_nb, variants], ...], one per chapter, graded in one process
+    jobs = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[2], "w") as f:
+        json.dump([score_variants(*job) for job in jobs], f)
