@@ -8,6 +8,8 @@ attention probabilities: in training with dropout > 0 the core raises ValueError
 
 from __future__ import annotations
 
+import math
+
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -27,6 +29,9 @@ class FlashAttentionCore(nn.Module):
         check_choice("impl", impl, IMPLS)
         check_int("block_q", block_q, minimum=1)
         check_int("block_k", block_k, minimum=1)
+        if (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
+                or not (math.isfinite(dropout) and 0 <= dropout <= 1)):
+            raise ValueError(f"dropout={dropout!r} must be a number in [0, 1]")
         self.impl, self.dropout, self.block_q, self.block_k = impl, dropout, block_q, block_k
 
     def forward(self, q, k, v):
