@@ -34,9 +34,10 @@ def check_group(group, what: str) -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(f"{what} needs torch.distributed started on every rank (labkit.dist.launch, "
                          "torchrun or init_process_group) before it is called")
-    if group is not None and not isinstance(group, dist.ProcessGroup):
+    outside = type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER  # new_group's answer there
+    if group is not None and not outside and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"group={group!r} must be a torch.distributed ProcessGroup or None (the default group)")
-    rank = dist.get_rank(group)
+    rank = -1 if outside else dist.get_rank(group)
     if rank < 0:
         raise ValueError(f"{what}: this process (global rank {dist.get_rank()}) is not a member of group; "
                          "call it only on the ranks of the group")
