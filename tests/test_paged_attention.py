@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention import cache as cache_module
-from labkit.paged_attention import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, BlockAllocator, LengthDistribution,
-                                    OutOfBlocksError, PagedKVCache, blocks_for_tokens, kv_bytes_per_token,
-                                    kv_bytes_per_token_of, paged_attention, slot_mapping,
+from labkit.paged_attention import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, BlockAllocator, ContiguousAllocator,
+                                    LengthDistribution, OutOfBlocksError, PagedKVCache, blocks_for_tokens,
+                                    kv_bytes_per_token, kv_bytes_per_token_of, paged_attention, slot_mapping,
                                     slots_wasted_in_last_block, synthetic_trace, write_kv)
 
 FAST = settings(max_examples=150, deadline=None)
@@ -351,3 +351,17 @@ def test_the_cache_is_unchanged_by_a_refused_token():
     with pytest.raises(ValueError, match="tokens"):
         cache.reserve("a", [3, -1])
     assert cache.length("a") == 2 and cache.tokens["a"] == [1, 2]  # as before the refused call
+
+
+def test_the_contiguous_allocator_frees_only_what_it_handed_out():
+    alloc = ContiguousAllocator(8)
+    start = alloc.allocate(4)
+    with pytest.raises(ValueError, match=r"range \(start=2, size=2\) was not allocated"):
+        alloc.free(2, 2)  # once accepted: [2, 4) free while its owner still held [0, 4)
+    with pytest.raises(ValueError, match="has size 4"):
+        alloc.free(start, 3)
+    assert alloc.num_free == 4 and alloc.allocate(5) is None  # nothing was freed by the refusals
+    alloc.free(start, 4)
+    assert alloc.num_free == 8 and alloc.largest_gap == 8
+    with pytest.raises(ValueError, match="was not allocated"):
+        alloc.free(start, 4)  # a double free
