@@ -270,6 +270,8 @@ def test_more_bad_engine_input_raises_naming_it(model):
         engine.serve([Request([1, 2], 2)], progress="no")
     with pytest.raises(ValueError, match="beam_width=65 exceeds vocab_size=64"):
         engine.serve([Request([1, 2], 2, beam_width=65)])  # once: topk's "selected index k out of range"
+    with pytest.raises(ValueError, match=r"seed=18446744073709551615 must be an int in \[0, 18446744073709551614\]"):
+        engine.serve([Request([1, 2], 2, n=2, temperature=1.0, seed=2 ** 64 - 1)])  # once an overflow mid-serve
     with pytest.raises(TypeError, match=r"model \(Linear\) must be a labkit GPT"):
         Engine(torch.nn.Linear(2, 2), num_blocks=8)
     with pytest.raises(TypeError, match="dtype=torch.int64"):

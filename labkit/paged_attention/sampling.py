@@ -65,7 +65,7 @@ class Request:
         for f in ("max_new_tokens", "n", "beam_width"):
             check_int(f"{name}.{f}", getattr(self, f), 1)
         check_int(f"{name}.arrival", self.arrival, 0)
-        check_int(f"{name}.seed", self.seed, 0)
+        check_int(f"{name}.seed", self.seed, 0, 2 ** 64 - max(self.n, 1))  # sample i seeds seed + i < 2^64
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"{name}.temperature={t!r} must be a finite number >= 0 (0: greedy)")
