@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-
 from torch._subclasses.fake_tensor import is_fake
 
 from ..validate import check_int
