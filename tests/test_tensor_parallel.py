@@ -14,7 +14,7 @@ from labkit.dist import launch
 from labkit.memory import activation_bytes as chapter1_activation_bytes
 from labkit.memory import korthikanti_activation_bytes
 from labkit.model import build_model, get_preset
-from labkit.runs.tensor_parallel import roundoff
+from labkit.runs.tensor_parallel import bench_rank, roundoff, tp_rank, tp_train_rank, tp_zero1_rank
 from labkit.tensor_parallel import (RECOMPUTE, ColumnParallelLinear, activation_bytes, apply_tensor_parallel, check_tp_size,
                                     collectives_per_layer, collectives_per_step, layer_comm_bytes, layer_flops,
                                     model_activation_bytes, params_per_rank, shard_indices)
@@ -213,6 +213,23 @@ TP_BAD = [  # each once a silent result (the last rank's rows, negative bytes) o
 
 @pytest.mark.parametrize("call, words", TP_BAD, ids=[w for _, w in TP_BAD])
 def test_more_bad_sizes_raise_naming_them(call, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        call()
+
+
+MESH_BAD = [  # checked before any rank builds a mesh: once torch's mesh error, a ZeroDivisionError, or
+    # unequal data-parallel shares whose mean is not the whole batch's (a run that fails its own check)
+    (lambda: tp_rank(0, 4, CFG, tp_sizes=(3,)), "tp_size=3 must divide world_size=4"),
+    (lambda: tp_rank(0, 4, CFG, tp_sizes=(0,)), "tp_size=0"),
+    (lambda: tp_train_rank(0, 4, CFG, tp_sizes=(8,)), "tp_size=8 must be an int in [1, 4]"),
+    (lambda: bench_rank(0, 4, CFG, tp_sizes=(True,)), "tp_size=True"),
+    (lambda: tp_zero1_rank(0, 4, CFG, batch_size=5), "dp_size=2 must divide batch_size=5"),
+    (lambda: tp_zero1_rank(0, 4, CFG, dp_size=3), "dp_size=3 must divide world_size=4"),
+]
+
+
+@pytest.mark.parametrize("call, words", MESH_BAD, ids=[w for _, w in MESH_BAD])
+def test_run_functions_refuse_a_mesh_that_cannot_be_built(call, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         call()
 
