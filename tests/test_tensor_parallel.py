@@ -177,6 +177,7 @@ def test_generation_on_a_tensor_parallel_model(runs):
         gen = r["generation"]
         assert torch.equal(gen["uncached"], ref["want"])  # every rank: the unsharded model's tokens
         assert torch.equal(gen["cached"], ref["want"])  # the KV cache holds this rank's heads
+        assert gen["engine"] == ref["want"][0, 8:].tolist()  # so does the serving engine's paged cache
         assert "cannot decode with a KV cache" in gen["sp_cache"]
 
 

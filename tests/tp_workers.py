@@ -5,7 +5,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from labkit.paged_attention import generate
+from labkit.paged_attention import Engine, Request, generate
 from labkit.model import build_model, get_preset
 from labkit.runs.tensor_parallel import make_batch, roundoff, tp_rank, tp_train_rank, tp_zero1_rank
 from labkit.tensor_parallel import VocabParallelEmbedding, apply_tensor_parallel, vocab_parallel_cross_entropy
@@ -84,6 +84,9 @@ def _generation(cfg, new_tokens=8):
            "scale": top2.abs().max().item(),
            "cached": generate(model, prompt, new_tokens), "uncached": generate(model, prompt, new_tokens,
                                                                                use_cache=False)}
+    # Chapter 8's engine on the sharded model: a paged cache of this rank's heads (once all of them)
+    out["engine"] = Engine(model, num_blocks=16, block_size=4).serve([Request(prompt[0].tolist(), new_tokens)])
+    out["engine"] = out["engine"].outputs[0]
     sp = apply_tensor_parallel(copy.deepcopy(full), None, sequence_parallel=True)
     out["sp_cache"] = _refusal(lambda: generate(sp, prompt, new_tokens))
     return out

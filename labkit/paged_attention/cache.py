@@ -75,7 +75,8 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model, num_blocks, block_size=DEFAULT_BLOCK_SIZE, **kw):
         cfg, p = model.cfg, next(model.parameters())
-        return cls(cfg.n_layer, cfg.n_head, cfg.head_dim, num_blocks, block_size,
+        n_head = cfg.n_head // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
+        return cls(cfg.n_layer, n_head, cfg.head_dim, num_blocks, block_size,
                    device=p.device, dtype=p.dtype, **kw)
 
     # --- the narrow interface the engine uses -----------------------------------------------
