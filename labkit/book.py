@@ -6,11 +6,16 @@ chapter's ``{glue}`` roles; anywhere else (Colab, a plain Jupyter) the call does
 
 from __future__ import annotations
 
+from .validate import check_bool
+
 __all__ = ["glue"]
 
 
 def glue(name: str, value, display: bool = True):
     """``myst_nb.glue(name, value, display)`` when myst-nb is installed; nothing otherwise."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name={name!r} must be a non-empty str (the key a chapter's {{glue}} uses)")
+    check_bool("display", display)
     try:
         from myst_nb import glue as myst_glue
     except ImportError:

@@ -3,13 +3,16 @@
 Flat all-gather and reduce-scatter of 1-D shards, an in-place all-reduce mean, broadcasting
 rank 0's tensors, the check that every rank holds the same tensors, and running a callback
 once the current backward pass has finished. ZeRO (Chapter 2), tensor parallelism (Chapter 5)
-and pipeline parallelism (Chapter 6) import these; none of them imports another technique.
+and 3D parallelism (labkit.runs) import these; no technique imports another. The pipeline's
+point-to-point sends and receives are its own.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from .validate import check_bool, check_int
 
 __all__ = ["all_gather_flat", "reduce_scatter_flat", "all_reduce_mean_", "broadcast_from_rank0",
            "check_same_across_ranks", "queue_after_backward", "group_src"]
@@ -26,6 +29,8 @@ def all_gather_flat(shard: torch.Tensor, world_size: int, group=None, out: torch
 
     Returns the output tensor, or ``(output, work)`` when ``async_op``.
     """
+    check_int("world_size", world_size, 1)
+    check_bool("async_op", async_op)
     if out is None:
         out = torch.empty(world_size * shard.numel(), dtype=shard.dtype, device=shard.device)
     work = _all_gather(out, shard.contiguous(), group=group, async_op=async_op)
@@ -38,6 +43,8 @@ def reduce_scatter_flat(full: torch.Tensor, world_size: int, group=None, out: to
 
     Returns the output tensor, or ``(output, work)`` when ``async_op``.
     """
+    check_int("world_size", world_size, 1)
+    check_bool("async_op", async_op)
     if full.numel() % world_size:
         raise ValueError(f"full.numel()={full.numel()} must be divisible by world_size={world_size}: pad it")
     if out is None:
@@ -48,11 +55,13 @@ def reduce_scatter_flat(full: torch.Tensor, world_size: int, group=None, out: to
 
 def all_reduce_mean_(t: torch.Tensor, world_size: int, group=None, async_op: bool = False):
     """Average ``t`` over ranks in place: divide by world_size first, then sum (as DDP does)."""
+    check_int("world_size", world_size, 1)
     t.div_(world_size)
     return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
 def group_src(group) -> int:
+    """The global rank of ``group``'s rank 0 (0 for the default group)."""
     return 0 if group is None else dist.get_global_rank(group, 0)
 
 

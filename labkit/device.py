@@ -9,6 +9,8 @@ import random
 import numpy as np
 import torch
 
+from .validate import check_bool, check_choice, check_int
+
 __all__ = ["pick_device", "seed_everything", "setup"]
 
 
@@ -21,8 +23,7 @@ def pick_device(prefer: str | None = None) -> torch.device:
     choice = prefer if prefer is not None else os.environ.get("LABKIT_DEVICE")
     if choice is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice not in ("cpu", "cuda"):
-        raise ValueError(f"prefer={choice!r} must be one of 'cpu', 'cuda' or None")
+    check_choice("prefer" if prefer is not None else "LABKIT_DEVICE", choice, ("cpu", "cuda", None))
     if choice == "cuda" and not torch.cuda.is_available():
         raise ValueError("prefer='cuda' but no CUDA device is available; use 'cpu' or None")
     return torch.device(choice)
@@ -30,8 +31,7 @@ def pick_device(prefer: str | None = None) -> torch.device:
 
 def seed_everything(seed: int = 0) -> None:
     """Seed Python, NumPy and torch (all devices) and ask cuDNN for determinism."""
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed={seed!r} must be a non-negative int")
+    check_int("seed", seed, 0, 2**64 - 1)  # torch.manual_seed's range (True is not a seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
@@ -47,6 +47,7 @@ def setup(seed: int = 0, device: str | None = None, verbose: bool = True) -> tor
     """
     from .version import __version__
 
+    check_bool("verbose", verbose)
     seed_everything(seed)
     dev = pick_device(device)
     if verbose:

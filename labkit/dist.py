@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .validate import check_int
+from .validate import check_choice, check_int, check_positive
 
 __all__ = ["launch", "free_port", "init_from_env", "rank_device", "DistributedError", "CommCounter", "CommStats"]
 
@@ -55,7 +55,8 @@ def rank_device() -> torch.device:
 
 def init_from_env(backend: str | None = None, timeout_s: float = 30.0) -> tuple[int, int]:
     """Initialise the default process group from torchrun's environment; return (rank, world_size)."""
-    backend = backend or _default_backend()
+    backend = check_choice("backend", backend or _default_backend(), ("gloo", "nccl"))
+    check_positive("timeout_s", timeout_s)
     if not dist.is_initialized():
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -131,9 +132,10 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     ``[result]`` of this rank.
     """
     check_int("world_size", world_size, 1)
-    backend = backend or _default_backend()
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend={backend!r} must be 'gloo' or 'nccl'")
+    check_positive("timeout_s", timeout_s)  # a negative timedelta would crash inside c10d
+    if join_timeout_s is not None:
+        check_positive("join_timeout_s", join_timeout_s)
+    backend = check_choice("backend", backend or _default_backend(), ("gloo", "nccl"))
     if backend == "nccl" and torch.cuda.device_count() == 0:
         raise ValueError("backend='nccl' needs CUDA GPUs and none is available; use backend='gloo' "
                          "(CPU processes) or None (NCCL when CUDA is there, else gloo)")
@@ -152,29 +154,9 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
              for r in range(world_size)]
     for p in procs:
         p.start()
-    outputs, deadline = {}, time.monotonic() + join_timeout_s
+    outputs = {}
     try:
-        while len(outputs) < world_size:
-            try:
-                rank, ok, value = results.get(timeout=0.2)
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode not in (None, 0)]
-                if dead:
-                    # a rank died without reporting (killed, segfault): give its queue a moment
-                    try:
-                        rank, ok, value = results.get(timeout=1.0)
-                    except queue_mod.Empty:
-                        raise DistributedError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} "
-                                               "without reporting a result") from None
-                elif time.monotonic() > deadline:
-                    missing = sorted(set(range(world_size)) - set(outputs))
-                    raise DistributedError(f"ranks {missing} did not finish within join_timeout_s="
-                                           f"{join_timeout_s}s (a hung collective or an endless loop?)")
-                else:
-                    continue
-            if not ok:
-                raise DistributedError(_failure_message(world_size, {rank: value}, results))
-            outputs[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=False)
+        _collect(procs, results, world_size, join_timeout_s, outputs)
     finally:
         finished = len(outputs) == world_size  # then the ranks are exiting; else kill them now
         for p in procs:
@@ -185,6 +167,32 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
                 p.join(timeout=5)
         results.close()
     return [outputs[r] for r in range(world_size)]
+
+
+def _collect(procs, results, world_size, join_timeout_s, outputs) -> None:
+    """Fill ``outputs`` (rank -> result) from the ranks' queue; raise on a failure, death or timeout."""
+    deadline = time.monotonic() + join_timeout_s
+    while len(outputs) < world_size:
+        try:
+            rank, ok, value = results.get(timeout=0.2)
+        except queue_mod.Empty:
+            dead = [r for r, p in enumerate(procs) if r not in outputs and p.exitcode not in (None, 0)]
+            if dead:
+                # a rank died without reporting (killed, segfault): give its queue a moment
+                try:
+                    rank, ok, value = results.get(timeout=1.0)
+                except queue_mod.Empty:
+                    raise DistributedError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} "
+                                           "without reporting a result") from None
+            elif time.monotonic() > deadline:
+                missing = sorted(set(range(world_size)) - set(outputs))
+                raise DistributedError(f"ranks {missing} did not finish within join_timeout_s="
+                                       f"{join_timeout_s}s (a hung collective or an endless loop?)")
+            else:
+                continue
+        if not ok:
+            raise DistributedError(_failure_message(world_size, {rank: value}, results))
+        outputs[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=False)
 
 
 # -- the communication counter --------------------------------------------------------------

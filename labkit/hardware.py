@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .validate import ArgumentError, check_float, check_int, check_positive
+
 __all__ = ["GPU", "GPUS", "get_gpu", "peak_flops", "mfu"]
 
 _T = 1e12
@@ -70,6 +72,8 @@ def get_gpu(gpu: str | GPU) -> GPU:
     """The table's entry for ``gpu`` (a name such as "a100", "h100-sxm", or a :class:`GPU`)."""
     if isinstance(gpu, GPU):
         return gpu
+    if not isinstance(gpu, str):
+        raise ArgumentError(f"gpu={gpu!r} must be a GPU or a name; valid: {sorted(GPUS) + sorted(_ALIASES)}")
     key = _ALIASES.get(str(gpu).lower(), str(gpu).lower())
     if key not in GPUS:
         raise ValueError(f"gpu={gpu!r} is not in the table; valid: {sorted(GPUS) + sorted(_ALIASES)}")
@@ -79,13 +83,14 @@ def get_gpu(gpu: str | GPU) -> GPU:
 def peak_flops(gpu: str | GPU, dtype: str = "bf16") -> float:
     """Dense peak FLOP/s of ``gpu`` in ``dtype`` ("fp32", "tf32", "fp16", "bf16", "fp8")."""
     g = get_gpu(gpu)
-    if dtype not in g.peak:
-        raise ValueError(f"dtype={dtype!r} has no peak for {g.name}; valid: {sorted(g.peak)}")
+    if not isinstance(dtype, str) or dtype not in g.peak:
+        raise ArgumentError(f"dtype={dtype!r} has no peak for {g.name}; valid: {sorted(g.peak)}")
     return g.peak[dtype]
 
 
 def mfu(flops_per_step: float, step_time_s: float, n_gpus: int, gpu: str | GPU, dtype: str = "bf16") -> float:
     """Model FLOPs utilisation: the step's model FLOPs / (time x GPUs x dense peak)."""
-    if step_time_s <= 0 or n_gpus < 1:
-        raise ValueError(f"step_time_s={step_time_s} must be > 0 and n_gpus={n_gpus} >= 1")
+    check_float("flops_per_step", flops_per_step, 0.0)
+    check_positive("step_time_s", step_time_s)
+    check_int("n_gpus", n_gpus, 1)
     return flops_per_step / (step_time_s * n_gpus * peak_flops(gpu, dtype))

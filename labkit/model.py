@@ -1,24 +1,32 @@
-"""The tiny GPT used throughout the course: the GPT-2 architecture, sized by a dataclass.
+"""The course's model: GPT-2's block by default, the Llama family by its config's fields.
 
-Learned position embeddings, tied input/output embeddings, biases, pre-LayerNorm blocks,
-a 4h GELU MLP and dropout (Radford et al. 2019). The attention core is its own module
-(:class:`AttentionCore`) so that later chapters can recompute or replace it.
+By default learned position embeddings, tied input/output embeddings, biases, pre-LayerNorm
+blocks, a 4h GELU MLP and dropout (Radford et al. 2019). ``norm``, ``mlp``, ``pos``,
+``n_kv_head``, ``tie_embeddings``, ``bias`` and ``sliding_window`` give Llama's and Mistral's
+block (:mod:`labkit.layers`). The attention core is its own module (:class:`AttentionCore`)
+so that later chapters can recompute or replace it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from typing import Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import is_fake
+
+from .shapes import PRESETS as SHAPES
+from .shapes import ModelShape
+from .data import check_ids, check_targets
+from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_causal_mask, make_norm
+from .layers import repeat_kv
+from .validate import ArgumentError, check_bool, check_float, check_int
 
 __all__ = ["GPTConfig", "GPT", "AttentionCore", "KVCacheProtocol", "PRESETS", "get_preset", "count_params",
-           "build_model", "training_flops"]
+           "build_model", "training_flops", "Block", "CausalSelfAttention", "MLP", "repeat_kv"]
 
 
 @dataclass(frozen=True)
@@ -31,161 +39,116 @@ class GPTConfig:
     seq_len: int = 64
     vocab_size: int = 256
     dropout: float = 0.0
+    # The block's kind (labkit.shapes.ModelShape's fields; the defaults are GPT-2's block)
+    n_kv_head: int | None = None  # key-value heads; None (or n_head): multi-head attention
+    d_ff: int | None = None  # the MLP's inner width; None: 4 h
+    norm: str = "layernorm"  # or "rmsnorm"
+    mlp: str = "gelu"  # or "swiglu"
+    pos: str = "learned"  # or "rope"
+    rope_theta: float = 10000.0  # θ of the rotary angles (pos="rope")
+    tie_embeddings: bool = True
+    bias: bool = True  # biases in every linear layer and LayerNorm
+    sliding_window: int | None = None  # keys a query sees at most, itself included; None: all
+    n_positions: int | None = None  # rows of the learned position table; None: seq_len
+    norm_eps: float = 1e-5
 
     def __post_init__(self):
-        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
-        if self.d_model % self.n_head != 0:
-            raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
-        if not (0.0 <= float(self.dropout) < 1.0):
-            raise ValueError(f"dropout={self.dropout!r} must be in [0, 1)")
+        ModelShape.from_config(self)  # the shape's fields, checked where they are defined
+        check_float("dropout", self.dropout, 0.0, below=1.0)  # "0.1" is refused here, not at forward
+        check_float("norm_eps", self.norm_eps, above=0.0)
+        if self.pos == "rope" and self.head_dim % 2:
+            raise ArgumentError(f"pos='rope' needs an even head_dim, not d_model/n_head={self.head_dim}")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
+    @property
+    def kv_heads(self) -> int:
+        """Key-value heads: n_kv_head, or n_head for multi-head attention."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def ffn_dim(self) -> int:
+        """The MLP's inner width: d_ff, or 4 h."""
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
+
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-# Published shapes. GPT-2 (Radford et al. 2019), GPT-3 175B (Brown et al. 2020, Table 2.1).
-# "llama-7b-like" is approximate: LLaMA-7B's width, depth, heads, context (2048 tokens; 4096 is
-# Llama 2's) and vocabulary (Touvron et al. 2023) on our GPT-2 block, which has a 4h GELU MLP instead of SwiGLU,
-# LayerNorm instead of RMSNorm, learned positions instead of RoPE and tied embeddings:
-# about 6.6B parameters instead of 6.7B.
+# Published shapes (labkit.shapes, each with its source), as runnable configs. "llama-7b-like"
+# is approximate: LLaMA-7B's width, depth, heads, context (2048 tokens; 4096 is Llama 2's) and
+# vocabulary (Touvron et al. 2023) on GPT-2's block: about 6.6B parameters instead of 6.7B.
+# "opt-13b" counts exactly but runs GELU where OPT has ReLU, positions 0.. where OPT's start at 2.
+def _from_shape(name: str) -> GPTConfig:
+    """The runnable config of :data:`labkit.shapes.PRESETS`' ``name`` (one source of shapes)."""
+    shape, names = SHAPES[name], {f.name for f in fields(GPTConfig)}
+    return GPTConfig(**{k: v for k, v in shape.to_dict().items() if k in names})
+
+
 PRESETS: dict[str, GPTConfig] = {
-    "tiny": GPTConfig(n_layer=4, n_head=4, d_model=128, seq_len=64, vocab_size=256),
-    "gpt2-small": GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024, vocab_size=50257),
-    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, d_model=1024, seq_len=1024, vocab_size=50257),
-    "gpt2-large": GPTConfig(n_layer=36, n_head=20, d_model=1280, seq_len=1024, vocab_size=50257),
-    "gpt2-xl": GPTConfig(n_layer=48, n_head=25, d_model=1600, seq_len=1024, vocab_size=50257),
-    "gpt3-175b": GPTConfig(n_layer=96, n_head=96, d_model=12288, seq_len=2048, vocab_size=50257),
+    **{name: _from_shape(name) for name in SHAPES},
     "llama-7b-like": GPTConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048, vocab_size=32000),
 }
 
 
+def _check_config(cfg) -> None:
+    if not isinstance(cfg, GPTConfig):
+        raise ArgumentError(f"cfg={cfg!r} must be a GPTConfig or a preset name (labkit.model.PRESETS)")
+
+
 def get_preset(name: str, **overrides) -> GPTConfig:
     """Return a named configuration, optionally with fields replaced (e.g. ``dropout=0.1``)."""
-    if name not in PRESETS:
-        raise ValueError(f"preset={name!r} is unknown; valid presets: {sorted(PRESETS)}")
+    if not isinstance(name, str) or name not in PRESETS:
+        raise ArgumentError(f"preset={name!r} is unknown; valid presets: {sorted(PRESETS)}")
     return GPTConfig(**{**PRESETS[name].to_dict(), **overrides})
 
 
 def count_params(cfg: GPTConfig) -> int:
     """Exact parameter count Ψ of :class:`GPT` for ``cfg`` (tied embeddings counted once).
 
-    Ψ = V h + s h + L (12 h² + 13 h) + 2 h: token and position embeddings; per block
-    qkv (3h² + 3h), projection (h² + h), MLP (8h² + 5h), two LayerNorms (4h); final LayerNorm.
+    GPT-2's block: Ψ = V h + s h + L (12 h² + 13 h) + 2 h: token and position embeddings; per
+    block qkv (3h² + 3h), projection (h² + h), MLP (8h² + 5h), two LayerNorms (4h); final
+    LayerNorm. Every other block: :meth:`labkit.shapes.ModelShape.num_params`.
     """
-    V, s, h, L = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layer
-    return V * h + s * h + L * (12 * h * h + 13 * h) + 2 * h
-
-
-class AttentionCore(nn.Module):
-    """softmax(q kᵀ / sqrt(d)) v with a causal mask and dropout on the probabilities.
-
-    q, k, v: (B, nh, T, hs) -> (B, nh, T, hs). The (B, nh, T, T) scores are materialised:
-    this is the 5as/h term of Korthikanti et al. (2022) that Chapter 6 removes.
-    """
-
-    def __init__(self, causal_mask: torch.Tensor, dropout: float):
-        super().__init__()
-        self.dropout = dropout
-        # (S, S) bool, True above the diagonal; one tensor shared by every layer
-        self.register_buffer("causal_mask", causal_mask, persistent=False)
-
-    def forward(self, q, k, v):
-        T, hs = q.size(-2), q.size(-1)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-        att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        if self.training and self.dropout > 0:
-            att = F.dropout(att, p=self.dropout, training=True)
-        return att @ v  # (B, nh, T, hs)
-
-
-class CausalSelfAttention(nn.Module):
-    """Multi-head attention. The number of heads is read from ``c_attn``'s width, so a rank that
-    holds a subset of the heads (tensor parallelism, Chapter 5) runs this forward unchanged."""
-
-    def __init__(self, cfg: GPTConfig, causal_mask: torch.Tensor):
-        super().__init__()
-        self.head_dim, self.dropout = cfg.head_dim, cfg.dropout
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.core = AttentionCore(causal_mask, cfg.dropout)
-
-    def forward(self, x, attend=None):
-        """``attend(q, k, v)``, when given, replaces ``core``: a KV cache's attention (Chapter 8)."""
-        B, T, _ = x.shape
-        q, k, v = self.c_attn(x).chunk(3, dim=-1)  # 3 x (B, T, nh * hs)
-        q = q.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        y = (self.core if attend is None else attend)(q, k, v)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, nh * hs)
-        y = self.c_proj(y)
-        if self.training and self.dropout > 0:
-            y = F.dropout(y, p=self.dropout, training=True)
-        return y
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.dropout = cfg.dropout
-        self.c_fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
-        self.c_proj = nn.Linear(4 * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        x = self.c_proj(F.gelu(self.c_fc(x)))  # (B, T, 4C) inside, (B, T, C) out
-        if self.training and self.dropout > 0:
-            x = F.dropout(x, p=self.dropout, training=True)
-        return x
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
-
-    def __init__(self, cfg: GPTConfig, causal_mask: torch.Tensor):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg, causal_mask)
-        self.ln_2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x, attend=None):
-        x = x + (self.attn(self.ln_1(x)) if attend is None else self.attn(self.ln_1(x), attend))
-        x = x + self.mlp(self.ln_2(x))
-        return x
+    _check_config(cfg)
+    return ModelShape.from_config(cfg).num_params()  # the formula lives once, in labkit.shapes
 
 
 class KVCacheProtocol(Protocol):
-    """What ``GPT.forward(idx, kv_cache=...)`` calls (Chapter 8: contiguous and paged caches)."""
+    """What ``GPT.forward(idx, kv_cache=...)`` calls (Chapter 8: contiguous and paged caches).
+
+    A model with a sliding window takes only a cache whose ``sliding_window`` attribute equals
+    its own: one that lets each query see its last ``sliding_window`` keys only."""
 
     def begin(self, idx: torch.Tensor) -> torch.Tensor:
         """Positions (T,) or (B, T) of the T new tokens of idx (B, T)."""
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Store layer's new keys and values, attend q over all kept: (B, nh, T, hs) each."""
+        """Store layer's new keys and values, attend q over all kept: q (B, nh, T, hs), k and v
+        (B, n_kv, T, hs) (query head i reads key-value head i // (nh / n_kv): ``repeat_kv``;
+        with rotary positions they come rotated), output (B, nh, T, hs)."""
 
 
 class GPT(nn.Module):
-    """GPT-2. ``forward(idx)``: idx (B, T) int64 -> logits (B, T, V);
+    """GPT-2, or a Llama-family model. ``forward(idx)``: idx (B, T) int64 -> logits (B, T, V);
     ``forward(idx, targets)``: the mean cross-entropy loss over positions whose target is not -100."""
 
     def __init__(self, cfg: GPTConfig):
+        _check_config(cfg)
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
-        mask = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(diagonal=1)  # (S, S)
-        self.blocks = nn.ModuleList(Block(cfg, mask) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
+        learned = cfg.pos == "learned"  # else rotary: no position table, q and k are rotated
+        self.wpe = nn.Embedding(cfg.n_positions or cfg.seq_len, cfg.d_model) if learned else None
+        mask = make_causal_mask(cfg.seq_len, cfg.sliding_window)  # (S, S)
+        rope = None if learned else Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        self.blocks = nn.ModuleList(Block(cfg, mask, rope) for _ in range(cfg.n_layer))
+        self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied embeddings
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # tied embeddings
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
             if name.endswith("c_proj.weight"):
@@ -204,39 +167,47 @@ class GPT(nn.Module):
     # embed -> blocks -> head -> loss. forward() is exactly their composition.
     def embed(self, idx, pos=None):
         """Token plus position embeddings (and dropout): idx (B, T) int64 -> x (B, T, C).
-        ``pos``: positions, (T,) or (B, T); by default 0..T-1 (a KV cache passes its offsets)."""
+        ``pos``: positions, (T,) or (B, T); by default 0..T-1 (a KV cache passes its offsets).
+        With rotary positions there is no position table: the blocks rotate q and k.
+        Ids and positions are range-checked where that is free (labkit.data.check_ids)."""
+        check_ids("idx", idx, self.cfg.vocab_size)
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds seq_len={self.cfg.seq_len}")
-        if idx.numel() and not (idx.is_meta or is_fake(idx)):  # fake and meta tensors hold no ids
-            lo, hi = (int(v) for v in idx.aminmax())
-            if lo < 0 or hi >= self.cfg.vocab_size:
-                raise ValueError(f"token id {lo if lo < 0 else hi} is outside [0, vocab_size={self.cfg.vocab_size})")
         if pos is None:
             pos = torch.arange(T, device=idx.device)  # (T,)
-        elif pos.numel() and int(pos.max()) >= self.cfg.seq_len:
-            raise ValueError(f"position {int(pos.max())} exceeds seq_len={self.cfg.seq_len}")
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        else:
+            check_ids("pos", pos, self.cfg.seq_len, ndim=None, what="position", bound="seq_len")
+        x = self.wte(idx) if self.wpe is None else self.wte(idx) + self.wpe(pos)  # (B, T, C)
         if self.training and self.cfg.dropout > 0:
             x = F.dropout(x, p=self.cfg.dropout, training=True)
         return x
 
     def head(self, x):
-        """Final LayerNorm and the (tied) output projection: x (B, T, C) -> logits (B, T, V)."""
+        """Final norm and the (tied or not) output projection: x (B, T, C) -> logits (B, T, V)."""
         return self.lm_head(self.ln_f(x))
 
     @staticmethod
     def loss(logits, targets):
-        """Mean cross-entropy over positions whose target is not -100: (B, T, V), (B, T) -> ()."""
+        """Mean cross-entropy over positions whose target is not -100: (B, T, V), (B, T) -> ().
+
+        Where the targets are on the host, a target outside [0, V) and a batch whose every target
+        is -100 (a mean over no tokens: torch returns nan) raise a ValueError."""
+        check_targets(targets, logits)
         B, T = targets.shape
         return F.cross_entropy(logits.view(B * T, -1), targets.view(B * T), ignore_index=-100)
 
     def forward(self, idx, targets=None, kv_cache: KVCacheProtocol | None = None):
         """``kv_cache``: a :class:`KVCacheProtocol` (``begin`` gives positions, ``attend`` attends)."""
+        window = self.cfg.sliding_window
+        if kv_cache is not None and window is not None and getattr(kv_cache, "sliding_window", None) != window:
+            raise ValueError(f"kv_cache={type(kv_cache).__name__} does not declare sliding_window={window}: "
+                             "a cache for this model must attend within the window (KVCacheProtocol)")
         pos = None if kv_cache is None else kv_cache.begin(idx)  # positions of the new tokens
         x = self.embed(idx, pos)  # (B, T, C)
+        rope_pos = pos if self.wpe is None else None  # rotary positions act in each block
         for i, block in enumerate(self.blocks):
-            x = block(x) if kv_cache is None else block(x, partial(kv_cache.attend, i))
+            x = block(x) if kv_cache is None else block(x, partial(kv_cache.attend, i), rope_pos)
         logits = self.head(x)  # (B, T, V)
         if targets is None:
             return logits
@@ -250,8 +221,9 @@ def build_model(cfg: GPTConfig | str, device: str | torch.device = "cpu", dtype:
     """
     if isinstance(cfg, str):
         cfg = get_preset(cfg)
-    if not isinstance(cfg, GPTConfig):
-        raise TypeError(f"cfg must be a GPTConfig or a preset name, got {type(cfg).__name__}")
+    _check_config(cfg)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise ArgumentError(f"dtype={dtype!r} must be None or a floating torch.dtype (torch.bfloat16)")
     device = torch.device(device)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype or previous)  # create parameters in their final dtype
@@ -276,9 +248,14 @@ def training_flops(cfg: GPTConfig, global_batch: int, recompute: bool = False) -
     Narayanan et al. (2021b), Appendix: per layer forward 24 B s h² + 4 B s² h, backward twice
     that, full recomputation one more forward; the logit layer 2 B s h V forward, 4 B s h V back:
     72 B s L h² (1 + s/(6h) + V/(12 L h)), or 96 B s L h² (1 + s/(6h) + V/(16 L h)) recomputing.
+    Other blocks: 2 B s per weight of the layer's matmuls in place of 24 B s h² (GQA's smaller
+    k and v, SwiGLU's three d_ff matrices); a sliding window's skipped scores are still counted.
     """
-    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
-        raise ValueError(f"global_batch={global_batch!r} must be an int >= 1")
+    _check_config(cfg)
+    check_int("global_batch", global_batch, 1)
+    check_bool("recompute", recompute)
     B, s, h, L, V = global_batch, cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.vocab_size
-    layer_forward = 24 * B * s * h * h + 4 * B * s * s * h
+    weights = (2 * h + 2 * cfg.kv_heads * cfg.head_dim) * h  # W_q, W_o; W_k, W_v
+    weights += (3 if cfg.mlp == "swiglu" else 2) * h * cfg.ffn_dim  # 8 h² for GPT-2's MLP
+    layer_forward = 2 * B * s * weights + 4 * B * s * s * h
     return (4 if recompute else 3) * L * layer_forward + 6 * B * s * h * V

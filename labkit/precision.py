@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .validate import ArgumentError, check_bool, check_choice, check_float
+
 __all__ = ["PRECISIONS", "OPTIMIZERS", "MasterWeightOptimizer", "model_dtype", "make_optimizer"]
 
 PRECISIONS = ("fp32", "mixed", "mixed_fp32_grads", "bf16")
@@ -18,15 +20,16 @@ OPTIMIZERS = ("adam", "adamw", "sgd_momentum", "sgd")
 
 
 def _check(precision: str, optimizer: str | None = None) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r} is unknown; valid choices: {list(PRECISIONS)}")
-    if optimizer is not None and optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} is unknown; valid choices: {list(OPTIMIZERS)}")
+    check_choice("precision", precision, PRECISIONS)
+    if optimizer is not None:
+        check_choice("optimizer", optimizer, OPTIMIZERS)
 
 
 def model_dtype(precision: str, half: torch.dtype = torch.bfloat16) -> torch.dtype:
     """The dtype of the model's parameters (and so of its activations) under ``precision``."""
     _check(precision)
+    if half not in (torch.bfloat16, torch.float16):
+        raise ArgumentError(f"half={half!r} must be torch.bfloat16 or torch.float16")
     return torch.float32 if precision == "fp32" else half
 
 
@@ -41,6 +44,7 @@ class MasterWeightOptimizer:
 
     def __init__(self, params, optimizer_cls=torch.optim.AdamW, *, fp32_grads: bool = False,
                  **optimizer_kwargs):
+        check_bool("fp32_grads", fp32_grads)
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params is empty: nothing to optimize")
@@ -80,6 +84,7 @@ class MasterWeightOptimizer:
             m.grad = None
 
     def zero_grad(self, set_to_none: bool = True):
+        check_bool("set_to_none", set_to_none)
         for buf in self.main_grads or []:
             buf.zero_()  # a persistent buffer, as in Megatron-LM: zeroed, never freed
         for p in self.params:
@@ -98,16 +103,24 @@ class MasterWeightOptimizer:
         return {"master": [m.detach().clone() for m in self.master], "inner": self.inner.state_dict()}
 
     def load_state_dict(self, state):
+        """Load :meth:`state_dict`'s output; refuse one saved for other parameters (no partial load)."""
+        saved = list(state["master"])
+        shapes = [tuple(t.shape) for t in saved]
+        if shapes != [tuple(m.shape) for m in self.master]:
+            raise ArgumentError(f"state['master'] holds {len(saved)} tensors of shapes {shapes[:4]}..., "
+                                f"but this optimizer has {len(self.master)} parameters of shapes "
+                                f"{[tuple(m.shape) for m in self.master][:4]}...: saved for another model")
+        self.inner.load_state_dict(state["inner"])  # checks its own groups before anything changes
         with torch.no_grad():
-            for m, saved in zip(self.master, state["master"]):
-                m.copy_(saved)
-        self.inner.load_state_dict(state["inner"])
+            for m, t in zip(self.master, saved):
+                m.copy_(t)
 
 
 def make_optimizer(params, precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, **kwargs):
     """The optimizer of a precision policy: plain for fp32/bf16, with master weights for mixed
     and mixed_fp32_grads (which also accumulates gradients in fp32 buffers)."""
     _check(precision, optimizer)
+    check_float("lr", lr, 0.0)
     cls, extra = {
         "adam": (torch.optim.Adam, {}),
         "adamw": (torch.optim.AdamW, {}),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from .validate import check_choice, check_int
+from .validate import check_bool, check_choice, check_float, check_int
 
 __all__ = ["ModelShape", "PRESETS", "preset", "HF_CONFIG_FIELDS"]
 
@@ -35,6 +35,7 @@ class ModelShape:
     bias: bool = True
     sliding_window: int | None = None  # keys a query sees at most (Mistral's window); None: all
     n_positions: int | None = None  # rows of a learned position table, if not seq_len (OPT: s + 2)
+    rope_theta: float = 10000.0  # θ of the rotary angles (pos="rope"); no parameter depends on it
 
     def __post_init__(self):
         for name in ("n_layer", "d_model", "n_head", "vocab_size", "seq_len"):
@@ -46,8 +47,8 @@ class ModelShape:
         check_choice("mlp", self.mlp, ("gelu", "swiglu"))
         check_choice("pos", self.pos, ("learned", "rope"))
         for name in ("tie_embeddings", "bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
+            check_bool(name, getattr(self, name))
+        check_float("rope_theta", self.rope_theta, above=0.0)
         if self.d_model % self.n_head:
             raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
         if self.n_head % self.kv_heads:
@@ -140,6 +141,8 @@ def _from_hf(cls, config: dict) -> ModelShape:
         if config.get(key):
             raise ValueError(f"{key}={config[key]!r}: only bias-free Llama-style blocks are read from config.json")
     kw = {field: config[key] for key, field in HF_CONFIG_FIELDS.items() if config.get(key) is not None}
+    if config.get("rope_theta") is not None:
+        kw["rope_theta"] = config["rope_theta"]
     return cls(**kw, norm="rmsnorm", mlp="swiglu", pos="rope", bias=False,
                tie_embeddings=bool(config.get("tie_word_embeddings", False)),
                sliding_window=config.get("sliding_window"))
@@ -168,12 +171,14 @@ PRESETS: dict[str, ModelShape] = {
     "llama-2-7b": _llama(32, 4096, 32, 32, 11008, 32000, 4096),
     "llama-2-13b": _llama(40, 5120, 40, 40, 13824, 32000, 4096),
     "llama-2-70b": _llama(80, 8192, 64, 8, 28672, 32000, 4096),
-    # Llama 3 and 3.1 (grattafiori2024llama3, Table 3); Llama 3's context 8192, 3.1's 131072.
-    "llama-3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192),
-    "llama-3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192),
-    "llama-3.1-405b": _llama(126, 16384, 128, 8, 53248, 128256, 131072),
+    # Llama 3 and 3.1 (grattafiori2024llama3, Table 3: RoPE base 500,000); Llama 3's context
+    # 8192, 3.1's 131072. 3.1's rescaled rotary frequencies (for long context) are not modelled.
+    "llama-3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=500000.0),
+    "llama-3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192, rope_theta=500000.0),
+    "llama-3.1-405b": _llama(126, 16384, 128, 8, 53248, 128256, 131072, rope_theta=500000.0),
     # Llama 3.2 1B (meta2024llama32): tied embeddings.
-    "llama-3.2-1b": _llama(16, 2048, 32, 8, 8192, 128256, 131072).replace(tie_embeddings=True),
+    "llama-3.2-1b": _llama(16, 2048, 32, 8, 8192, 128256, 131072,
+                           rope_theta=500000.0).replace(tie_embeddings=True),
     # Mistral 7B (jiang2023mistral, Table 1): GQA with 8 key-value heads, a 4096-token sliding window.
     "mistral-7b": _llama(32, 4096, 32, 8, 14336, 32000, 32768, sliding_window=4096),
 }

@@ -5,6 +5,7 @@ labkit's runtime against torch.distributed.pipelining.
     python scripts/bench_pipeline.py --pp-size 2 --steps 5
     python scripts/bench_pipeline.py --forward-ms 150  # stages 5x longer beside the messages
     python scripts/bench_pipeline.py --backend nccl    # one rank per GPU (needs --pp-size GPUs)
+    python scripts/bench_pipeline.py --record scripts/results/bench_pipeline.md  # append a dated record
 
 Part 1 runs a synthetic workload whose stages sleep a set time (forward --forward-ms, 30 ms by
 default, backward twice that), so the bubble is the schedule's and not the machine's, for GPipe,
@@ -20,6 +21,12 @@ and the messages on CUDA; the recorded times wait for the GPU to finish).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
+import io
+import os
+import platform
+import sys
 
 import torch
 
@@ -29,6 +36,21 @@ from labkit.pipeline import Timeline, bubble_fraction
 from labkit.runs.pipeline import bench_rank, pipeline_rank
 
 
+def _record(path: str, argv: list, text: str) -> None:
+    """Append a dated section (command, machine, load, versions, what was printed) to ``path``."""
+    import labkit
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",) * 3
+    head = (f"\n## {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n\n"
+            f"`python scripts/bench_pipeline.py {' '.join(argv)}` on {platform.machine()}, "
+            f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+            f"(1 / 5 / 15 min) at the end; Python {platform.python_version()}, torch {torch.__version__}, "
+            f"labkit {labkit.__version__}\n\n")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a") as f:
+        f.write(head + "```text\n" + text + "```\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pp-size", type=int, default=4)
@@ -36,7 +58,20 @@ def main() -> None:
     ap.add_argument("--forward-ms", type=float, default=30.0, help="a stage's forward; backward is twice it")
     ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                     help="gloo: CPU processes; nccl: one GPU a rank")
+    ap.add_argument("--record", metavar="PATH", help="also append what is printed, dated, to PATH")
     args = ap.parse_args()
+    if args.record:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            _bench(ap, args)
+        sys.stdout.write(buf.getvalue())
+        _record(args.record, sys.argv[1:], buf.getvalue())
+    else:
+        _bench(ap, args)
+
+
+def _bench(ap, args) -> None:
+    """Part 1 (the synthetic stages' bubbles) and part 2 (the tiny GPT's step times)."""
     if args.forward_ms <= 0:
         ap.error(f"--forward-ms={args.forward_ms} must be > 0")
     f = args.forward_ms / 1e3

@@ -3,7 +3,8 @@
     python scripts/set_repo_url.py https://github.com/OWNER/NAME [--branch main]
         set repository.url (and .branch) in _config.yml, then rewrite every place that names the
         course's repository: the labs' install cells (pip install "labkit @ git+https://..."),
-        the Colab links of labs and exercises, and links to the repository's own files.
+        the README's `git clone` line, the Colab links of labs and exercises, and links to the
+        repository's own files.
     python scripts/set_repo_url.py --check
         list every place that disagrees with _config.yml (exit status 1 if any).
 
@@ -32,6 +33,11 @@ COLAB_RE = re.compile(
 BLOB_RE = re.compile(
     rf"https://github\.com/(?P<repo>{REPO_RE})/"
     r"(?P<kind>blob|tree)/(?P<branch>[\w.-]+)/(?P<path>[^\s)\"'<>\]#?\\]+)")
+# git clone https://github.com/OWNER/NAME[.git] (the README's first step)
+CLONE_RE = re.compile(rf"git clone https://github\.com/(?P<repo>{REPO_RE})(?:\.git)?(?=[\s\"'`]|$)",
+                      re.M)
+# Every kind of place that names the course's repository.
+LINK_RES = (PIP_RE, CLONE_RE, COLAB_RE, BLOB_RE)
 CONFIG_URL_RE = re.compile(r"(?m)^(repository:\s*\n(?:[ \t]+.*\n)*?[ \t]+url:[ \t]*)(\S+)")
 CONFIG_BRANCH_RE = re.compile(r"(?m)^(repository:\s*\n(?:[ \t]+.*\n)*?[ \t]+branch:[ \t]*)(\S+)")
 
@@ -69,7 +75,7 @@ def disagreements(root: Path = ROOT) -> list[str]:
     found = []
     for path in files_to_scan(root):
         text = path.read_text(encoding="utf-8")
-        for regex in (PIP_RE, COLAB_RE, BLOB_RE):
+        for regex in LINK_RES:
             for m in regex.finditer(text):
                 wrong = m.group("repo") != repo or m.groupdict().get("branch", branch) != branch
                 if wrong and _own(m, root):
@@ -81,7 +87,8 @@ def disagreements(root: Path = ROOT) -> list[str]:
 def rewrite(text: str, repo: str, branch: str, root: Path = ROOT) -> str:
     """``text`` with every link to the course's repository pointing at ``repo`` and ``branch``."""
     def pip(m):
-        return m.group(0).replace(m.group("repo"), repo, 1)
+        start, end = m.start("repo") - m.start(), m.end("repo") - m.start()
+        return m.group(0)[:start] + repo + m.group(0)[end:]
 
     def linked(m):
         if not _own(m, root):
@@ -91,6 +98,7 @@ def rewrite(text: str, repo: str, branch: str, root: Path = ROOT) -> str:
         return s[:rs] + repo + s[r_end:bs] + branch + s[b_end:]
 
     text = PIP_RE.sub(pip, text)
+    text = CLONE_RE.sub(pip, text)
     text = COLAB_RE.sub(linked, text)
     return BLOB_RE.sub(linked, text)
 

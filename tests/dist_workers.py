@@ -92,3 +92,31 @@ def pipeline_and_grid(rank, world_size, pipeline_kw, grid_kw):
     out = pipeline_rank(rank, world_size, **pipeline_kw)
     out["grid"] = parallel_3d_rank(rank, world_size, **grid_kw)
     return out
+
+
+def pipeline_extras(rank, world_size, pipeline_kw):
+    """labkit.runs.pipeline's cases, then checks of the pipeline's duties on real ranks: a second
+    explicit tied-gradient exchange changes nothing, two steps without ``zero_grad`` accumulate
+    the tied gradient like any other, and stages built from different seeds are refused (on every
+    rank, with the same error)."""
+    from labkit.model import build_model
+    from labkit.pipeline import exchange_tied_grad
+    from labkit.runs.pipeline import pipeline_rank, train_pipeline
+
+    out = pipeline_rank(rank, world_size, **pipeline_kw)
+    torch.manual_seed(0)
+    model = build_model("tiny").double()
+    train_pipeline(rank, world_size, "1f1b", 4, model=model)
+    once = model.wte.weight.grad.clone()
+    exchange_tied_grad(model.wte.weight, world_size - 1 - rank, rank == 0)  # already summed
+    out["repeat_exchange_equal"] = torch.equal(once, model.wte.weight.grad)
+    # a second step on the same batch without zero_grad: gradients accumulate to twice one step's
+    train_pipeline(rank, world_size, "1f1b", 4, model=model, check_init=False)
+    out["tied_accumulated_error"] = ((model.wte.weight.grad - 2 * once).abs().max() / once.abs().max()).item()
+    torch.manual_seed(rank)  # a different model on every rank
+    try:
+        train_pipeline(rank, world_size, "1f1b", 4, model=build_model("tiny"))
+        out["init_error"] = None
+    except ValueError as err:
+        out["init_error"] = str(err)
+    return out

@@ -6,6 +6,9 @@ One launch runs both variants under torch's DDP and labkit's ``DataParallelBucke
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 
 from labkit.runs.accumulate import ddp_window_worker
@@ -16,6 +19,7 @@ from labkit.model import build_model, get_preset
 CFG = get_preset("tiny", n_layer=2, seq_len=32)
 
 
+@pytest.mark.roundoff
 def test_no_sync_all_reduces_once_per_window_with_identical_results():
     world_size, k, lr = 2, 2, 0.1
     gen = torch.Generator().manual_seed(0)
@@ -38,26 +42,26 @@ def test_no_sync_all_reduces_once_per_window_with_identical_results():
             assert (r[prefix + "every_step"]["all_reduce_calls"], r[prefix + "every_step"]["all_reduce_numel"]) \
                 == (k, k * n_params)
 
-    # One SGD step on the whole batch, in one process, by the model's own mean loss.
+    # One SGD step on the whole batch, in one process, by the model's own mean loss: in fp32 and,
+    # as the reference, in float64.
     torch.manual_seed(0)
     ref = build_model(CFG)
+    ref64 = copy.deepcopy(ref).double()
     loss = ref(x, y)
     loss.backward()
     torch.optim.SGD(ref.parameters(), lr=lr).step()
-    want = torch.cat([p.detach().flatten() for p in ref.parameters()])
+    ref64(x, y).backward()
+    torch.optim.SGD(ref64.parameters(), lr=lr).step()
+    want32, want64 = (torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (ref, ref64))
+    # the flash-attention test rule: no further from float64 than twice the one-process fp32 step
+    # is, that distance measured in this run (floored at one fp32 ulp of the parameters' norm)
+    floor = max((want32.double() - want64).norm(), 2**-24 * want64.norm())
 
     for name in variants:
         p0, p1 = (torch.from_numpy(r[name]["params"]) for r in ranks)
-        torch.testing.assert_close(p0, p1, rtol=0, atol=0)  # every rank applies the same all-reduced gradient
-        # SGD: params differ by lr * the fp32 gradient error (measured <= 6e-8, see test_accumulate.py)
-        # plus one rounding of p: atol 1e-7 for |p| < 1, rtol 2^-23 one ulp of LayerNorm weights near 1.
-        torch.testing.assert_close(p0, want, rtol=2**-23, atol=1e-7)
-        assert abs(sum(r[name]["loss"] for r in ranks) - loss.item()) <= 1e-5 * loss.item()  # fp32 sums
-    no_sync, every_step = (torch.from_numpy(ranks[0][n]["params"]) for n in ("no_sync", "every_step"))
-    # The same gradients, averaged once at the end or step by step: fp32 summation order only
-    # (the same one-ulp allowance as above).
-    torch.testing.assert_close(no_sync, every_step, rtol=2**-23, atol=1e-7)
-    # labkit's wrapper and torch's average the same gradients: fp32 summation order only, as above.
-    for name in ("no_sync", "every_step"):
-        torch.testing.assert_close(torch.from_numpy(ranks[0]["labkit_" + name]["params"]),
-                                   torch.from_numpy(ranks[0][name]["params"]), rtol=2**-23, atol=1e-7)
+        assert torch.equal(p0, p1)  # exact: every rank applies the same all-reduced gradient
+        assert (p0.double() - want64).norm() <= 2 * floor, name
+        # the ranks' loss shares add up to the mean loss: fp32 sums of n = 8 * 32 terms err by at
+        # most ~n u relative (u = 2^-24), whatever the machine
+        n = y.numel()
+        assert abs(sum(r[name]["loss"] for r in ranks) - loss.item()) <= 4 * n * 2**-24 * loss.item()

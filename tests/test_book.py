@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -120,16 +121,16 @@ def test_every_chapter_has_a_figure(chapter):
 
 
 def test_build_fails_on_a_warning(tmp_path):
-    """A dangling cross-reference must fail the build (warnings are errors)."""
+    """A dangling cross-reference must fail the build (warnings are errors). The book here is the
+    real configuration with one page, which builds cleanly but for the dangling reference."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("_config.yml", "_toc.yml", "references.bib", "intro.md", "references.md"):
+    for name in ("_config.yml", "references.bib"):
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "_ext", src / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
-    for sub in ("chapters", "labs", "exercises"):
-        shutil.copytree(ROOT / sub, src / sub, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    with open(src / "intro.md", "a", encoding="utf-8") as f:
-        f.write("\nSee {doc}`no_such_page`.\n")
+    (src / "_toc.yml").write_text("format: jb-book\nroot: intro\n", encoding="utf-8")
+    (src / "intro.md").write_text("# A book of one page\n\nSee {doc}`no_such_page`.\n",
+                                  encoding="utf-8")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_book.py"), "--source", str(src)],
         capture_output=True, text=True, timeout=600,
@@ -137,3 +138,91 @@ def test_build_fails_on_a_warning(tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0, f"build with a dangling reference succeeded:\n{log[-3000:]}"
     assert "no_such_page" in log
+
+
+class _Text(HTMLParser):
+    """The text of a page outside <script> and <style>, line by line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self._skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in ("script", "style") and self._skip > 0
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.lines += [ln.strip() for ln in data.splitlines() if ln.strip()]
+
+
+def test_no_page_shows_test_machinery(built_book, toc_page):
+    """nbval's markers belong in cell tags (nbval-ignore-output), which the page does not show."""
+    text = _Text()
+    text.feed((built_book.html / f"{toc_page}.html").read_text(encoding="utf-8"))
+    shown = [ln for ln in text.lines if "NBVAL" in ln]  # the markers are upper case
+    assert not shown, f"{toc_page} shows nbval's markers (use the cell tag instead): {shown}"
+
+
+def _next_link(html: Path, docname: str) -> str | None:
+    page = (html / f"{docname}.html").read_text(encoding="utf-8")
+    found = re.search(r'<a class="right-next"\s+href="([^"]+)"', page)
+    return found and str((Path(docname).parent / found.group(1)).as_posix())
+
+
+def test_each_chapter_is_followed_by_its_lab_then_the_next_chapter(built_book):
+    """Reading order, by each page's "Next" link: chapter N, its lab, chapter N + 1."""
+    chapters = sorted(f"chapters/{p.stem}" for p in (ROOT / "chapters").glob("[0-9]*.md"))
+    for chapter, following in zip(chapters, chapters[1:] + [None]):
+        lab = chapter.replace("chapters/", "labs/")
+        if not (ROOT / f"{lab}.ipynb").is_file():
+            continue
+        nxt = _next_link(built_book.html, chapter)
+        assert nxt == f"chapters/../{lab}.html", f"{chapter}: Next goes to {nxt}, not to {lab}"
+        if following:
+            nxt = _next_link(built_book.html, lab)
+            assert nxt == f"labs/../{following}.html", f"{lab}: Next goes to {nxt}"
+
+
+def test_gpu_results_is_a_page_and_links_to_it_open_it(built_book, toc_page):
+    """GPU_RESULTS.md is a page; a link to it, on GitHub or as a document, opens that page."""
+    assert (built_book.html / "GPU_RESULTS.html").is_file()
+    text = (built_book.html / f"{toc_page}.html").read_text(encoding="utf-8")
+    outside = re.findall(r'href="(https://github\.com/[^"]*/GPU_RESULTS\.md[^"]*)"', text)
+    assert not outside, f"{toc_page} links to GPU_RESULTS.md on GitHub, not to the page: {outside}"
+    source = _source(toc_page).read_text(encoding="utf-8")
+    if re.search(r"\]\(https://github\.com/\S+/GPU_RESULTS\.md|\{doc\}`[^`]*GPU_RESULTS", source):
+        assert re.search(r'href="(\.\./)*GPU_RESULTS\.html', text), f"{toc_page}: no link to it"
+
+
+def _placeholder_notice():
+    spec = importlib.util.spec_from_file_location("placeholder_notice",
+                                                  ROOT / "_ext" / "placeholder_notice.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_banner_follows_the_repository_setting():
+    notice = _placeholder_notice()
+    assert notice.notice_for(notice.PLACEHOLDER_URL)
+    assert notice.notice_for(notice.PLACEHOLDER_URL + "/")
+    assert notice.notice_for("https://github.com/someone/published-course") is None
+    assert notice.notice_for(None) is None
+
+
+def test_a_github_link_to_a_page_of_the_book_is_recognised():
+    spec = importlib.util.spec_from_file_location("own_pages", ROOT / "_ext" / "own_pages.py")
+    own = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(own)
+    url, docs = "https://github.com/o/course", {"GPU_RESULTS", "labs/01_memory_wall"}
+    assert own.page_for(f"{url}/blob/main/GPU_RESULTS.md", url, "main", docs) == "GPU_RESULTS"
+    assert own.page_for(f"{url}/blob/main/labs/01_memory_wall.ipynb#top", url, "main",
+                        docs) == "labs/01_memory_wall"
+    assert own.page_for(f"{url}/blob/dev/GPU_RESULTS.md", url, "main", docs) is None  # branch
+    assert own.page_for(f"{url}/blob/main/README.md", url, "main", docs) is None  # not a page
+    assert own.page_for("https://github.com/x/y/blob/main/GPU_RESULTS.md", url, "main",
+                        docs) is None

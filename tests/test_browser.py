@@ -1,8 +1,10 @@
 """Every page of the built book, opened in headless Chromium, renders without errors and offline.
 
 Fails on: console errors and page errors, math left untypeset, images that did not load, failed
-requests for the book's own files, and any equation or code cell (input or output) wider than its
-column at a 1280 px wide window, which would need horizontal scrolling. Requests to any other host are blocked, so a page
+requests for the book's own files, any equation or code cell (input or output) wider than its
+column at a 1280 px wide window, a page that scrolls sideways there, a line of code that wraps
+(the CSS wrap is only a fallback: lab code keeps to 80 columns), nbval's markers shown on the
+page, and a missing "not yet published" banner while repository.url is the placeholder. Requests to any other host are blocked, so a page
 that needs the network (for instance MathJax from a CDN) fails. Full-page screenshots are
 saved in the test's tmp_path.
 """
@@ -24,6 +26,24 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _placeholder_in_use() -> bool:
+    """Whether _config.yml's repository.url is still the placeholder the banner announces."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("placeholder_notice",
+                                                  ROOT / "_ext" / "placeholder_notice.py")
+    notice = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(notice)
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    return notice.notice_for(config["repository"]["url"]) is not None
+
+
+PLACEHOLDER = _placeholder_in_use()
 
 pytestmark = pytest.mark.xdist_group("book")
 
@@ -67,6 +87,59 @@ FIND_OVERFLOW = """() => {
     }
   }
   return bad;
+}"""
+
+# Lines of code that the browser breaks over more than one line: each line's text is measured
+# with a Range, whose rectangles lie on more than one line box if it wrapped. Printed output (a
+# cell's output, a ```text block such as GPU_RESULTS.md's records) may wrap: it is not code.
+FIND_WRAPPED_CODE = """() => {
+  const found = [];
+  for (const pre of document.querySelectorAll('div.highlight pre')) {
+    if (pre.clientWidth === 0) continue;
+    if (pre.closest('.cell_output, .highlight-text, .highlight-none')) continue;
+    const nodes = [];
+    let text = '';
+    const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      nodes.push([n, text.length]);
+      text += n.textContent;
+    }
+    const at = (offset) => {
+      let k = nodes.length - 1;
+      while (k > 0 && nodes[k][1] > offset) k--;
+      return [nodes[k][0], offset - nodes[k][1]];
+    };
+    let start = 0;
+    for (const line of text.split('\\n')) {
+      const end = start + line.length;
+      if (line.trim() && nodes.length) {
+        const range = document.createRange();
+        range.setStart(...at(start));
+        range.setEnd(...at(end));
+        const tops = new Set(Array.from(range.getClientRects())
+          .filter(r => r.width > 0).map(r => Math.round(r.top)));
+        if (tops.size > 1) found.push(`${line.length} chars: ${line.trim().slice(0, 100)}`);
+      }
+      start = end + 1;
+    }
+  }
+  return found;
+}"""
+
+# The page itself wider than the window (it would scroll sideways).
+PAGE_WIDTH = """() => ({scroll: document.documentElement.scrollWidth,
+               client: document.documentElement.clientWidth})"""
+
+# Visible lines of text that show nbval's markers.
+FIND_NBVAL = """() => document.body.innerText.split('\\n')
+  .filter(line => line.includes('NBVAL')).map(line => line.trim().slice(0, 100))"""
+
+# The theme's announcement banner, if shown.
+BANNER = """() => {
+  const el = document.querySelector('.bd-header-announcement');
+  if (!el) return null;
+  const box = el.getBoundingClientRect();
+  return box.width > 0 && box.height > 0 ? el.innerText.trim() : null;
 }"""
 
 # Load every image now (also the lazy ones) and list those that failed.
@@ -176,6 +249,10 @@ def test_page_renders_offline(browser, site, toc_page, tmp_path):
         raw = page.evaluate(FIND_RAW_MATH)
         broken = page.evaluate(FIND_BROKEN_IMAGES)
         overflow = page.evaluate(FIND_OVERFLOW)
+        wrapped = page.evaluate(FIND_WRAPPED_CODE)
+        width = page.evaluate(PAGE_WIDTH)
+        nbval = page.evaluate(FIND_NBVAL)
+        banner = page.evaluate(BANNER)
         page.wait_for_load_state("networkidle", timeout=30_000)
         shot = tmp_path / f"{toc_page.replace('/', '__')}.png"
         page.screenshot(path=str(shot), full_page=True)
@@ -191,5 +268,16 @@ def test_page_renders_offline(browser, site, toc_page, tmp_path):
     assert not broken, f"{toc_page}: images that did not load: {broken}"
     assert not overflow, (f"{toc_page}: needs horizontal scrolling at 1280 px (split the equation, "
                           f"shorten the line to about 80 characters): {overflow}")
+    assert width["scroll"] <= width["client"] + 1, (
+        f"{toc_page} scrolls sideways at 1280 px: {width['scroll']} px wide in {width['client']}")
+    assert not wrapped, (f"{toc_page}: code lines that wrap (keep lab code to 80 columns):\n"
+                         + "\n".join(wrapped))
+    assert not nbval, f"{toc_page} shows nbval's markers (use the cell tag): {nbval}"
+    if PLACEHOLDER:
+        assert banner and "Not yet published" in banner, (
+            f"{toc_page}: no visible 'not yet published' banner while repository.url is the "
+            f"placeholder ({banner!r})")
+    else:
+        assert banner is None, f"{toc_page} still shows the placeholder banner: {banner!r}"
     assert not problems, f"{toc_page}:\n" + "\n".join(problems)
     assert shot.stat().st_size > 0

@@ -8,6 +8,7 @@ and a brute-force search over every plan of a four-block model.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 
 import pytest
@@ -106,6 +107,25 @@ def test_inputs_without_grad_keyword_arguments_and_autograd_grad():
             assert torch.equal(a, b), impl  # exact: the same ops recomputed
     checkpoint_scratch(lin, x).sum().backward()  # a module's own parameters are found for it
     assert torch.equal(lin.weight.grad, torch.autograd.grad(lin(x).sum(), lin.weight)[0])
+
+
+@pytest.mark.parametrize("make_fn", ["closure", "partial"])
+def test_parameters_read_but_not_passed_get_their_gradients(make_fn):
+    """A closure's weight and a functools.partial of a module's forward: nobody passes their
+    parameters in, yet backward gives them the gradient torch.utils.checkpoint gives."""
+    torch.manual_seed(0)
+    lin, w = torch.nn.Linear(8, 8), torch.randn(8, 8, requires_grad=True)
+    fn = (lambda x: torch.tanh(x @ w)) if make_fn == "closure" else functools.partial(lin.forward)
+    leaves = [w] if make_fn == "closure" else list(lin.parameters())
+    x = torch.randn(4, 8, requires_grad=True)
+    grads = {}
+    for impl, call in (("scratch", checkpoint_scratch), ("torch", checkpoint_torch)):
+        for t in leaves + [x]:
+            t.grad = None
+        call(fn, x).square().sum().backward()
+        grads[impl] = [t.grad.clone() for t in leaves + [x]]  # a None .grad fails right here
+    for a, b in zip(grads["scratch"], grads["torch"]):
+        assert torch.equal(a, b)  # exact: the same ops recomputed in the same order
 
 
 def test_no_grad_is_a_plain_call_and_nothing_is_saved():

@@ -42,6 +42,16 @@ def test_published_sizes_in_billions():
     assert 6.5e9 < count_params(get_preset("llama-7b-like")) < 6.8e9
 
 
+def test_the_default_block_is_gpt2s():
+    model = build_model("tiny")
+    block = model.blocks[0]
+    assert isinstance(block.ln_1, torch.nn.LayerNorm) and block.ln_1.bias is not None
+    assert block.attn.c_attn.out_features == 3 * 128 and block.attn.rope is None
+    assert block.mlp.c_fc.out_features == 4 * 128 and not hasattr(block.mlp, "c_gate")
+    assert model.wpe.num_embeddings == 64 and model.lm_head.weight is model.wte.weight
+    assert not block.attn.core.causal_mask.tril().any()  # causal only: no window
+
+
 def test_embeddings_are_tied_and_loss_is_cross_entropy():
     torch.manual_seed(0)
     model = build_model(GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=8, vocab_size=32))
@@ -112,3 +122,20 @@ def test_cuda_model_has_the_cpu_weights_and_one_mask():
     for (name, a), (_, b) in zip(cpu.state_dict().items(), gpu.state_dict().items()):
         assert torch.equal(a, b.cpu()), name  # same generator, same draws: identical
     assert len({b.attn.core.causal_mask.data_ptr() for b in gpu.blocks}) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_forward_and_loss_never_wait_for_the_host():
+    # the id and target checks read values only on the CPU: on a GPU they would be a
+    # device-to-host copy (a sync) in every step; torch's sync debug mode raises on one
+    from labkit.data import batches
+
+    model = build_model(get_preset("tiny", n_layer=1), device="cuda")
+    x, y = next(batches(2, 16, device="cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = model(x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss)

@@ -15,9 +15,9 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
 from labkit.model import GPTConfig, build_model, training_flops
-from labkit.pipeline import (Action, bubble_fraction, build_chunks, make_schedule, max_in_flight,
-                             p2p_messages, peak_in_flight, schedule_1f1b, schedule_gpipe,
-                             schedule_interleaved, simulate, split_stages)
+from labkit.pipeline import (Action, bubble_fraction, build_chunks, comm, exchange_tied_grad,
+                             make_schedule, max_in_flight, p2p_messages, peak_in_flight, run_schedule,
+                             schedule_1f1b, schedule_gpipe, schedule_interleaved, simulate, split_stages)
 from labkit.runs.parallel3d import mesh_coords, train_3d
 
 F, B = (lambda i, c=0: Action("F", i, c)), (lambda i, c=0: Action("B", i, c))
@@ -83,6 +83,9 @@ def test_a_deadlocking_schedule_is_refused():
     (lambda: bubble_fraction(2, 4, "zb"), "schedule='zb'"),
     (lambda: make_schedule("zb", 2, 4), "schedule='zb'"),
     (lambda: max_in_flight(2, 4, "1f1b", rank=2), "rank=2"),
+    (lambda: make_schedule("gpipe", 2, 4, v=2), "v=2 applies to schedule='interleaved' only"),
+    (lambda: make_schedule("1f1b", 2, 4, v=2), "v=2 applies to schedule='interleaved' only"),
+    (lambda: schedule_1f1b(True, 4), "pp_size=True"),
 ])
 def test_bad_schedule_input_names_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
@@ -129,6 +132,10 @@ def test_split_by_cost_and_interleaved_chunks():
     (lambda m: split_stages(m, 2, v=2), "v=2 chunks x pp_size=2 must divide n_layer=6"),
     (lambda m: split_stages(m, 2, costs=[1, 2]), "n_layer=6"),
     (lambda m: split_stages(m, 0), "pp_size=0"),
+    (lambda m: split_stages(m, 2, costs=[1, 1, float("inf"), 1, 1, 1]), r"costs\[2\]=inf"),
+    (lambda m: split_stages(m, 2, costs=[1, 1, 1, float("nan"), 1, 1]), r"costs\[3\]=nan"),
+    (lambda m: build_chunks(m, split_stages(m, 2), 2, rank=5), r"rank=5 must be an int in \[0, 1\]"),
+    (lambda m: build_chunks(m, split_stages(m, 3), 2, rank=0), "ranges has 3 stages"),
 ])
 def test_bad_split_input_names_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
@@ -176,3 +183,68 @@ def test_the_3d_grid_places_tensor_innermost_and_data_outermost():
 def test_bad_3d_input_names_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_old_positional_and_house_keyword_names_give_the_same_schedule():
+    assert schedule_1f1b(3, 6) == schedule_1f1b(pp_size=3, num_microbatches=6) == make_schedule("1f1b", 3, 6)
+    assert bubble_fraction(4, 8) == bubble_fraction(pp_size=4, num_microbatches=8)
+
+
+def _two_stage_rank0(act_shape):
+    """Rank 0 of a 2-stage pipeline of the tiny test GPT: its first forward runs and sends
+    (no process group is needed before the send)."""
+    torch.manual_seed(0)
+    model = build_model(CFG)
+    chunks = build_chunks(model, split_stages(model, 2), 2, 0)
+    x = torch.randint(0, 32, (4, 8))
+    return run_schedule(chunks, make_schedule("gpipe", 2, 2)[0], rank=0, pp_size=2, inputs=x.chunk(2),
+                        act_shape=act_shape)
+
+
+def test_an_act_shape_with_the_right_size_but_the_wrong_shape_is_refused():
+    # (2, 8, 16) is what stage 0 sends; (2, 16, 8) has as many elements and would be received as
+    # garbage laid out in the wrong order
+    with pytest.raises(ValueError, match=r"outputs shape \(2, 8, 16\) but act_shape=\(2, 16, 8\)"):
+        _two_stage_rank0((2, 16, 8))
+    with pytest.raises(ValueError, match="act_shape=None"):
+        _two_stage_rank0(None)
+
+
+def test_interleaving_on_two_stages_under_nccl_is_refused(monkeypatch):
+    # NCCL pairs messages by order; no NCCL here, so stand in for its process group's answers
+    monkeypatch.setattr(comm.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(comm.dist, "get_backend", lambda group=None: "nccl")
+    with pytest.raises(ValueError, match="pp_size=2 with v=2 chunks a rank under NCCL"):
+        comm.check_backend_order(2, 2)
+    comm.check_backend_order(4, 2)  # p >= 3: the peers differ, order and tags agree
+    comm.check_backend_order(2, 1)
+    monkeypatch.setattr(comm.dist, "get_backend", lambda group=None: "gloo")
+    comm.check_backend_order(2, 2)  # gloo matches by tag
+
+
+def test_a_tied_gradient_without_a_backward_is_refused():
+    w = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(ValueError, match="param.grad is None"):
+        exchange_tied_grad(w, 1, True)
+
+
+def test_gantt_panels_on_one_time_axis_cover_the_longest_timeline():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.pipeline import plot_gantt
+
+    tls = [simulate(make_schedule(name, 4, 4, v), 1.0 / v, 2.0 / v)
+           for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))]
+    fig, axes = plt.subplots(3, 1, sharex=True)
+    for ax, tl in zip(axes, tls):
+        plot_gantt(tl, ax=ax)
+    longest = max(tl.makespan for tl in tls)
+    assert tls[2].makespan < longest  # interleaving finishes first: the figure's point
+    for ax, tl in zip(axes, tls):
+        assert ax.get_xlim() == (0.0, longest)  # every box of every panel inside its frame
+        assert all(0 <= t.get_position()[0] <= longest for t in ax.texts)
+        assert all(t.get_fontsize() >= 10 for t in ax.texts)
+    plt.close(fig)

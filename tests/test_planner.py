@@ -10,8 +10,8 @@ recomputation.
 
 import pytest
 
-from labkit.model import GPTConfig
-from labkit.runs.plan import plan_memory, plan_parallelism
+from labkit.model import GPTConfig, get_preset
+from labkit.runs.plan import NoPlanFits, plan_memory, plan_parallelism
 
 _cfg = lambda L, a, h: GPTConfig(n_layer=L, n_head=a, d_model=h, seq_len=2048, vocab_size=51200)  # noqa: E731
 # name: (config, GPUs, global batch, (t, p)) from Narayanan et al. 2021b, Table 1
@@ -88,3 +88,41 @@ def test_bad_planner_input_names_the_argument():
         plan_parallelism(_cfg(4, 4, 64), "a100", 8, 8, 8, interleave=(0,))
     with pytest.raises(ValueError, match="v=3"):
         plan_memory(_cfg(4, 4, 64), 1, 2, 1, 1, 4, v=3)
+
+
+SMALL = _cfg(4, 4, 64)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(efficiency=-1), r"efficiency=-1 must be a finite number in \(0, 1\]"),  # negative step times
+    (dict(efficiency=3), r"efficiency=3 must be a finite number in \(0, 1\]"),    # an MFU above 1
+    (dict(memory_fraction=50), r"memory_fraction=50 must be a finite number in \(0, 1\]"),
+    (dict(zero_stages=(3,)), "zero_stages=3 is unknown"),                    # was KeyError: 3
+    (dict(micro_batches=(0,)), "micro_batches=0"),                           # was ZeroDivisionError
+    (dict(network_gbps=0), "network_gbps=0"),
+    (dict(sequence_parallel=("no",)), "sequence_parallel='no' is unknown"),
+])
+def test_bad_planner_options_name_the_argument(kw, match):
+    with pytest.raises(ValueError, match=match):
+        plan_parallelism(SMALL, "a100", 8, 8, 8, **kw)
+
+
+@pytest.mark.parametrize("args,kw,match", [
+    ((SMALL, 3, 1, 1, 1, 1), {}, "t=3 must divide n_head=4"),
+    ((SMALL, 1, 3, 1, 1, 1), {}, "p=3 must divide n_layer=4"),
+    ((SMALL, 1, 1, 0, 1, 1), {}, "dp=0"),                                    # was ZeroDivisionError
+    ((SMALL, 1, 1, 1, 1, 1), dict(zero=3), "zero=3 is unknown"),            # was KeyError: 3
+    ((SMALL, 1, 1, 1, 1, 1), dict(recompute="ful"), "recompute='ful' is unknown"),  # was taken as "full"
+])
+def test_bad_plan_memory_input_names_the_argument(args, kw, match):
+    with pytest.raises(ValueError, match=match):
+        plan_memory(*args, **kw)
+
+
+def test_when_nothing_fits_the_planner_says_which_term_overflowed():
+    with pytest.raises(NoPlanFits, match="model states alone need .* GB per GPU") as info:
+        plan_parallelism(get_preset("gpt3-175b"), "t4", 1, 1, 8, dtype="fp16")
+    # the leanest plan it tried: full recomputation, and still 16 bytes a parameter over the limit
+    assert info.value.closest.recompute == "full" and not info.value.closest.fits
+    with pytest.raises(NoPlanFits, match="no \\(t, p, N_d, b\\) splits"):
+        plan_parallelism(SMALL, "a100", 8, 8, 4, micro_batches=(8,))  # N_d b never divides 4

@@ -66,7 +66,7 @@ def test_step_counters_are_device_memory_only_where_they_live():
     cuda = model_state_bytes(10, "fp32", "adam", n_tensors=3, device_type="cuda")
     fused = model_state_bytes(10, "fp32", "adam", n_tensors=3, device_type="cuda", step_on_device=True)
     assert (cpu.optimizer, cuda.optimizer, fused.optimizer) == (8 * 10 + 4 * 3, 8 * 10, 8 * 10 + 4 * 3)
-    with pytest.raises(ValueError, match=r"device_type='tpu' must be 'cpu' or 'cuda'"):
+    with pytest.raises(ValueError, match=r"device_type='tpu' is unknown; valid choices: \['cpu', 'cuda'\]"):
         model_state_bytes(10, device_type="tpu")
 
 

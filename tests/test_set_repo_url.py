@@ -17,6 +17,11 @@ _spec = importlib.util.spec_from_file_location("set_repo_url", SCRIPT)
 sru = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sru)
 
+_nspec = importlib.util.spec_from_file_location("placeholder_notice",
+                                                ROOT / "_ext" / "placeholder_notice.py")
+notice = importlib.util.module_from_spec(_nspec)
+_nspec.loader.exec_module(notice)
+
 EXTERNAL = "https://github.com/pytorch/pytorch/blob/main/c10/cuda/CUDACachingAllocator.cpp"
 
 
@@ -25,7 +30,7 @@ def _places(root: Path) -> list[str]:
     found = []
     for path in sru.files_to_scan(root):
         text = path.read_text(encoding="utf-8")
-        for regex in (sru.PIP_RE, sru.COLAB_RE, sru.BLOB_RE):
+        for regex in sru.LINK_RES:
             found += [m.group(0) for m in regex.finditer(text) if sru._own(m, root)]
     return found
 
@@ -33,12 +38,13 @@ def _places(root: Path) -> list[str]:
 def test_every_place_agrees_with_the_setting():
     repo, branch = sru.read_setting()
     places = _places(ROOT)
-    # the labs' install cells, the exercises' Colab links, the labs' links to GPU_RESULTS.md
+    # the labs' install cells, the README's clone line, the exercises' Colab links
     assert sum("git+https://github.com/" in p for p in places) >= 4, places
+    assert sum(p.startswith("git clone https://github.com/") for p in places) >= 1, places
     assert sum("colab.research.google.com" in p for p in places) >= 4, places
     assert sru.disagreements() == [], sru.disagreements()
-    assert all(repo in p for p in places) and all(f"/{branch}/" in p for p in places
-                                                  if "git+" not in p)
+    assert all(repo in p for p in places) and all(
+        f"/{branch}/" in p for p in places if not p.startswith(("git+", "git clone")))
 
 
 @pytest.fixture
@@ -75,6 +81,9 @@ def test_the_command_writes_the_address_everywhere(copy_of_course):
                                      "published"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "updated labs/99_new.ipynb" in proc.stdout, proc.stderr
     assert sru.read_setting(copy_of_course) == ("new-owner/gpu-course", "published")
+    # the "not yet published" banner is shown while the setting is the placeholder, not after
+    assert notice.notice_for(f"https://github.com/{old_repo}") is not None
+    assert notice.notice_for("https://github.com/new-owner/gpu-course") is None
     assert sru.disagreements(copy_of_course) == []
     assert len(_places(copy_of_course)) == before  # every place rewritten, none lost
     for path in sru.files_to_scan(copy_of_course):

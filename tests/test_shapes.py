@@ -57,6 +57,8 @@ def test_from_hf_config_reads_a_llama_config():
     assert shape.num_params() == PUBLISHED_EXACT["llama-3-8b"]
     mha = {k: v for k, v in LLAMA3_8B_CONFIG.items() if k != "num_key_value_heads"}
     assert ModelShape.from_hf_config(mha).kv_heads == 32  # no num_key_value_heads: multi-head
+    no_theta = {k: v for k, v in LLAMA3_8B_CONFIG.items() if k != "rope_theta"}
+    assert ModelShape.from_hf_config(no_theta).rope_theta == 10000.0  # Llama 2's default
 
 
 @pytest.mark.parametrize("field", ["hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"])
@@ -85,6 +87,7 @@ def test_from_hf_config_refuses_what_it_cannot_model(changes, match):
     ({"norm": "batchnorm"}, ValueError, "norm='batchnorm'"),
     ({"tie_embeddings": "no"}, TypeError, "tie_embeddings='no'"),
     ({"d_ff": True}, ValueError, "d_ff=True"),
+    ({"rope_theta": -1.0}, ValueError, "rope_theta=-1.0"),
 ])
 def test_bad_shape_names_the_field(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -25,14 +25,15 @@ KINDS_2 = ("ddp_torch", "ddp_naive", "ddp_bucketed", "zero1", "zero1_ddp", "zero
            "zero3", "fsdp2", "zero3_bf16", "fsdp2_bf16")
 KINDS_4 = ("ddp_torch", "zero1", "zero1_torch", "zero2", "zero3", "fsdp2")
 TOY_WRAPPED = ("ddp_naive", "ddp_bucketed", "zero1", "zero2", "zero3")
-# Losses: fp32 sums over ranks run in another order than over one batch: ~1e-7 relative.
-LOSS_TOL = dict(rtol=1e-6, atol=0)
-# Parameters: Adam's early steps are about lr * g / |g|, which turns that ~1e-7 relative
-# gradient difference into up to ~5e-5 where |g| is tiny (measured at lr=3e-3, 4 steps, on two
-# machines: 2e-5 and 5e-5), while 99.98% of the elements agree to 1e-6: adam_agreement checks the
-# bulk to 1e-6 (all but 0.1%) and every element to lr / 10.
-# ToyNet has 82 numbers: summation order moves them by a few ulps at most.
-TOY_TOL = dict(rtol=0, atol=1e-6)
+# The GPT runs in fp32: a scheme sums over ranks in another order than one process does, and
+# AdamW magnifies the rounding of nearly-zero gradients by an amount that depends on the machine.
+# So every GPT check is against the round-off measured in this run: the one-process reference
+# trained again with the batch in 2 and in 4 pieces (the ranks' orders), the scheme within 4x
+# that floor (adam_agreement for parameters, _assert_losses_agree for losses).
+# ToyNet runs in float64: 3 steps of round-off stay near 1e-16, far below 1e-12, while a lost or
+# doubled gradient moves its 82 numbers by ~1e-2.
+TOY_TOL = dict(rtol=0, atol=1e-12)
+FLOOR_FACTOR = 4
 GLOO = dict(backend="gloo", timeout_s=120, join_timeout_s=600)  # a loaded 2-core machine is slow
 
 
@@ -121,7 +122,9 @@ def resumed2(launch_resumed2):
 
 @pytest.fixture(scope="module")
 def reference():
-    return reference_run(STEPS, lr=LR)
+    """(losses, params, [(losses, params) in another summation order, ...])."""
+    losses, params = reference_run(STEPS, lr=LR)
+    return losses, params, [reference_run(STEPS, lr=LR, pieces=p) for p in (2, 4)]
 
 
 def _losses(results, kind):
@@ -133,19 +136,27 @@ def _params(results, kind):
     return {k: torch.from_numpy(v) for k, v in results[0][kind]["params"].items()}
 
 
-def _assert_params_agree(ours, ref, what):
-    agree = adam_agreement(ours, ref, LR)
+def _assert_params_agree(ours, ref, what, others):
+    agree = adam_agreement(ours, ref, LR, [p for _, p in others], factor=FLOOR_FACTOR)
     assert agree["ok"], (what, agree)
+
+
+def _assert_losses_agree(ours, ref, what, others):
+    """Within 4x the largest distance of the reference pair's losses (at least one fp32 ulp)."""
+    ref = torch.as_tensor(ref, dtype=torch.float64)
+    floor = max(max((torch.tensor(o, dtype=torch.float64) - ref).abs().max().item() for o, _ in others),
+                2**-23 * ref.abs().max().item())
+    assert (ours - ref).abs().max().item() <= FLOOR_FACTOR * floor, (what, ours, ref, floor)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_every_stage_trains_like_one_process_and_like_ddp(world_size, request, reference):
     results = request.getfixturevalue(f"runs{world_size}")
-    ref_losses, ref_params = reference
+    ref_losses, ref_params, others = reference
     kinds = KINDS_2 if world_size == 2 else KINDS_4
     for kind in (k for k in kinds if not k.endswith("bf16")):
-        assert_close(_losses(results, kind), torch.tensor(ref_losses, dtype=torch.float64), **LOSS_TOL)
-        _assert_params_agree(_params(results, kind), ref_params, kind)
+        _assert_losses_agree(_losses(results, kind), ref_losses, kind, others)
+        _assert_params_agree(_params(results, kind), ref_params, kind, others)
         if world_size == 2:
             # two ranks: each averaged element is g0/2 + g1/2, one rounding in either order, so
             # every scheme must equal torch's DDP bit for bit
@@ -154,15 +165,15 @@ def test_every_stage_trains_like_one_process_and_like_ddp(world_size, request, r
                 assert torch.equal(value, _params(results, "ddp_torch")[name]), (kind, name)
             assert [r[kind]["losses"] for r in results] == [r["ddp_torch"]["losses"] for r in results], kind
         else:
-            _assert_params_agree(_params(results, kind), _params(results, "ddp_torch"), kind)
+            _assert_params_agree(_params(results, kind), _params(results, "ddp_torch"), kind, others)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_stage1_matches_zero_redundancy_optimizer_and_stage3_matches_fsdp2(world_size, request):
-    results = request.getfixturevalue(f"runs{world_size}")
+def test_stage1_matches_zero_redundancy_optimizer_and_stage3_matches_fsdp2(world_size, request, reference):
+    results, others = request.getfixturevalue(f"runs{world_size}"), reference[2]
     for ours, torchs in (("zero1", "zero1_torch"), ("zero3", "fsdp2")):
-        assert_close(_losses(results, ours), _losses(results, torchs), **LOSS_TOL)
-        _assert_params_agree(_params(results, ours), _params(results, torchs), (ours, torchs))
+        _assert_losses_agree(_losses(results, ours), _losses(results, torchs), (ours, torchs), others)
+        _assert_params_agree(_params(results, ours), _params(results, torchs), (ours, torchs), others)
 
 
 def test_bf16_stage3_errs_no_more_than_fsdp2_in_bf16(runs2, reference):
@@ -252,7 +263,7 @@ def test_uneven_tied_frozen_and_unused_parameters(runs4):
     init = toy_rank(0, 1, ("single",), steps=0)["single"]["params"]
     for kind in ("zero1", "zero2", "zero3") + TOY_WRAPPED[:2]:
         losses = torch.tensor(np.mean([r["toy"][kind]["losses"] for r in runs4], axis=0))
-        assert_close(losses, torch.tensor(single["losses"], dtype=torch.float64), **LOSS_TOL)
+        assert_close(losses, torch.tensor(single["losses"], dtype=torch.float64), **TOY_TOL)
         params = runs4[0]["toy"][kind]["params"]
         # the tie needs no check of its own: "single" trains head.weight and emb.weight as one
         # tensor, and a tie broken by sharding would train the two apart and fail this match
@@ -282,13 +293,13 @@ def test_ranks_seeded_differently_train_like_one_process(runs2):
             res = rank["toy_seeded"][kind]
             assert res["wrap_broadcasts"] == n_tensors, kind  # counted: one broadcast per tensor
             assert_close(torch.tensor(np.mean([r["toy_seeded"][kind]["losses"] for r in runs2], axis=0)),
-                         torch.tensor(single["losses"], dtype=torch.float64), **LOSS_TOL)
+                         torch.tensor(single["losses"], dtype=torch.float64), **TOY_TOL)
             for name, value in res["params"].items():
                 assert_close(torch.from_numpy(value), torch.from_numpy(single["params"][name]), **TOY_TOL)
 
 
 @pytest.mark.parametrize("saved,resumed", [(2, 4), (4, 2)])
-def test_a_checkpoint_resumes_at_another_world_size(saved, resumed, request):
+def test_a_checkpoint_resumes_at_another_world_size(saved, resumed, request, reference):
     at_saved = request.getfixturevalue(f"runs{saved}")
     at_resumed = request.getfixturevalue({4: "runs4", 2: "resumed2"}[resumed])
     for kind in RESUMABLE:  # stages 1 and 2 (ShardedOptimizer) and 3 (FullyShardedModule)
@@ -296,9 +307,11 @@ def test_a_checkpoint_resumes_at_another_world_size(saved, resumed, request):
         assert len(at_resumed[0][resumed_kind]["losses"]) == STEPS - 2
         uninterrupted = _losses(at_saved, kind)[2:]  # steps 2.. of the run that saved at step 2
         # the resumed steps sum the gradients over another number of ranks, so in another order:
-        # the same bounds as for any two world sizes above
-        assert_close(_losses(at_resumed, resumed_kind), uninterrupted, **LOSS_TOL)
-        _assert_params_agree(_params(at_resumed, resumed_kind), _params(at_saved, kind), resumed_kind)
+        # judged against the same floor as any two world sizes above
+        others = reference[2]
+        _assert_losses_agree(_losses(at_resumed, resumed_kind), uninterrupted, resumed_kind,
+                             [(o[2:], p) for o, p in others])
+        _assert_params_agree(_params(at_resumed, resumed_kind), _params(at_saved, kind), resumed_kind, others)
 
 
 def test_damaged_checkpoints_are_refused_and_change_nothing(resumed2):
@@ -318,10 +331,12 @@ def test_the_stages_on_cuda_with_nccl():
     world_size = min(torch.cuda.device_count(), 4)
     kinds = ("ddp_torch", "zero1", "zero2", "zero3", "zero3_bf16", "offload")
     results = launch(train_rank, world_size, kinds, steps=STEPS, backend="nccl", timeout_s=300)
+    # the floor measured on the GPU: the one-process reference there, in 2 and 4 pieces
+    others = [reference_run(STEPS, lr=LR, pieces=p, device="cuda") for p in (1, 2, 4)]
     for kind in ("zero1", "zero2", "zero3", "offload"):
-        # NCCL's reductions run in yet another order: the same bound as on gloo
-        _assert_params_agree(_params(results, kind), _params(results, "ddp_torch"), kind)
-        assert_close(_losses(results, kind), _losses(results, "ddp_torch"), **LOSS_TOL)
+        # NCCL's reductions run in yet another order: judged against that floor
+        _assert_params_agree(_params(results, kind), _params(results, "ddp_torch"), kind, others)
+        _assert_losses_agree(_losses(results, kind), _losses(results, "ddp_torch"), kind, others)
     for res in results:
         assert res["offload"]["params_on"] == ["cuda"] and res["offload"]["state_on"] == ["cpu"]
         assert res["zero3"]["params_on"] == ["cuda"] and res["zero3"]["state_on"] == ["cuda"]

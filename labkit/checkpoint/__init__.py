@@ -5,9 +5,14 @@
 the FLOPs it recomputes; ``planner``: the plan with the least recomputation under a budget.
 """
 
-from .function import CheckpointFunction, RNGState, checkpoint_scratch, checkpoint_torch  # noqa: F401
-from .plan import MODES, POLICIES, Plan, make_plan  # noqa: F401
-from .policies import IMPLS, apply_checkpointing, remove_checkpointing  # noqa: F401
-from .analytic import (BlockBytes, CheckpointBytes, block_bytes, block_forward_flops,  # noqa: F401
+from .function import CheckpointFunction, RNGState, checkpoint_scratch, checkpoint_torch
+from .plan import MODES, POLICIES, Plan, make_plan
+from .policies import IMPLS, apply_checkpointing, remove_checkpointing
+from .analytic import (BlockBytes, CheckpointBytes, block_bytes, block_forward_flops,
                        checkpoint_activation_bytes, core_forward_flops, recompute_flops)
-from .planner import min_peak_plan, plan_for_budget  # noqa: F401
+from .planner import min_peak_plan, plan_for_budget
+
+__all__ = ["CheckpointFunction", "RNGState", "checkpoint_scratch", "checkpoint_torch", "MODES", "POLICIES",
+           "Plan", "make_plan", "IMPLS", "apply_checkpointing", "remove_checkpointing", "BlockBytes",
+           "CheckpointBytes", "block_bytes", "block_forward_flops", "checkpoint_activation_bytes",
+           "core_forward_flops", "recompute_flops", "min_peak_plan", "plan_for_budget"]

@@ -66,11 +66,32 @@ class CheckpointFunction(torch.autograd.Function):
             # FlopCounterMode's) see non-leaf tensors, which autograd.grad allows them to watch.
             outputs = ctx.run(*[t.view_as(t) for t in inputs])  # the same dropout masks as forward
         pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad and g is not None]
+        outs, gouts = [o for o, _ in pairs], [g for _, g in pairs]
         wrt = [t for t in list(inputs) + list(ctx.params) if t.requires_grad]
-        grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
-                                         allow_unused=True) if pairs and wrt else [None] * len(wrt))
+        hidden = _hidden_leaves(outs, wrt)  # parameters fn reads that nobody passed in
+        grads = iter(torch.autograd.grad(outs, wrt, gouts, allow_unused=True, retain_graph=bool(hidden))
+                     if pairs and wrt else [None] * len(wrt))
         by_input = [next(grads) if t.requires_grad else None for t in list(inputs) + list(ctx.params)]
+        if hidden:  # into their .grad, as torch.utils.checkpoint does (their hooks run as usual)
+            torch.autograd.backward(outs, gouts, inputs=hidden)
         return (None, None, None, *by_input)
+
+
+def _hidden_leaves(outputs, known) -> list:
+    """Leaves of the recomputed graph that require grad and are not in ``known``: parameters a
+    closure or a ``functools.partial`` reads without passing them in."""
+    seen, found, known_ids = set(), [], {id(t) for t in known}
+    todo = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        leaf = getattr(node, "variable", None)  # an AccumulateGrad node holds its leaf
+        if leaf is not None and id(leaf) not in known_ids and id(leaf) not in {id(f) for f in found}:
+            found.append(leaf)
+        todo.extend(n for n, _ in node.next_functions)
+    return found
 
 
 def _module_params(fn):
@@ -83,7 +104,8 @@ def checkpoint_scratch(fn, *args, params=None, preserve_rng_state: bool = True, 
     """``fn(*args, **kwargs)``, keeping only its tensor arguments for backward and recomputing the rest.
 
     ``params``: the parameters ``fn`` reads (default: those of ``fn`` when it is a module or a
-    module's method). Keyword arguments, non-tensor arguments and inputs without grad are allowed.
+    module's method); others that ``fn`` reads (a closure's, a ``functools.partial``'s) get their
+    gradients into ``.grad`` in backward, as with ``torch.utils.checkpoint``. Keyword arguments, non-tensor arguments and inputs without grad are allowed.
     Under ``torch.no_grad()`` this is a plain call.
     """
     if params is None:

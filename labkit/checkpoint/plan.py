@@ -28,8 +28,12 @@ class Plan:
 
     def __post_init__(self):
         for mode, n in self.segments:
-            if mode not in MODES or not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"segment ({mode!r}, {n!r}): mode must be one of {list(MODES)}, n_blocks an int >= 1")
+            try:
+                check_choice("mode", mode, MODES)
+                check_int("n_blocks", n, 1)
+            except ValueError as e:
+                raise ValueError(f"segment ({mode!r}, {n!r}): mode must be one of {list(MODES)}, "
+                                 f"n_blocks an int >= 1 ({e})") from None
             if mode != "full" and n != 1:
                 raise ValueError(f"segment ({mode!r}, {n}): only 'full' segments may span several blocks")
 
@@ -63,9 +67,11 @@ def make_plan(policy: str, n_layer: int, k: int | None = None) -> Plan:
     check_choice("policy", policy, POLICIES)
     check_int("n_layer", n_layer, 1)
     if policy == "every_k":
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n_layer:
+        try:
+            check_int("k", k, 1, n_layer)
+        except ValueError:
             raise ValueError(f"k={k!r} must be an int in [1, n_layer={n_layer}] for policy='every_k' "
-                             "(a larger k would checkpoint no block)")
+                             "(a larger k would checkpoint no block)") from None
         return Plan(tuple(("full" if (i + 1) % k == 0 else "none", 1) for i in range(n_layer)))
     if k is not None:
         raise ValueError(f"k={k!r} is only used by policy='every_k', not policy={policy!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..precision import _check
+from ..validate import check_bool, check_choice, check_int
 
 __all__ = [
     "ModelStateBytes", "model_state_bytes",
@@ -41,11 +42,6 @@ class ModelStateBytes:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer, "total": self.total}
 
 
-def _check_count(name, value, minimum=0):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
-
-
 def model_state_bytes(n_params: int, precision: str = "mixed", optimizer: str = "adam",
                       n_tensors: int = 0, *, device_type: str = "cpu",
                       step_on_device: bool = False) -> ModelStateBytes:
@@ -58,10 +54,10 @@ def model_state_bytes(n_params: int, precision: str = "mixed", optimizer: str = 
     ``device_type="cuda"`` the counters are then host memory and not counted.
     """
     _check(precision, optimizer)
-    _check_count("n_params", n_params)
-    _check_count("n_tensors", n_tensors)
-    if device_type not in ("cpu", "cuda"):
-        raise ValueError(f"device_type={device_type!r} must be 'cpu' or 'cuda'")
+    check_int("n_params", n_params)
+    check_int("n_tensors", n_tensors)
+    check_choice("device_type", device_type, ("cpu", "cuda"))
+    check_bool("step_on_device", step_on_device)
     counters = n_tensors if (device_type == "cpu" or step_on_device) else 0
     p, g = _PARAM_GRAD[precision]
     per_param_opt = _MASTER[precision] + _N_STATES[optimizer] * _STATE_BYTES[precision]
@@ -93,12 +89,11 @@ def activation_bytes(cfg, batch_size: int, seq_len: int | None = None, *, dtype_
     element (4 on CUDA, which keeps them in fp32; e on the CPU path).
     """
     b, s = batch_size, cfg.seq_len if seq_len is None else seq_len
-    _check_count("batch_size", b, 1)
-    _check_count("seq_len", s, 1)
-    if dtype_bytes not in (2, 4):
-        raise ValueError(f"dtype_bytes={dtype_bytes!r} must be 2 or 4")
-    if device_type not in ("cpu", "cuda"):
-        raise ValueError(f"device_type={device_type!r} must be 'cpu' or 'cuda'")
+    check_int("batch_size", b, 1)
+    check_int("seq_len", s, 1)
+    check_choice("dtype_bytes", dtype_bytes, (2, 4))
+    check_choice("device_type", device_type, ("cpu", "cuda"))
+    check_bool("training", training)
     h, a, V, e = cfg.d_model, cfg.n_head, cfg.vocab_size, dtype_bytes
     d = 1 if (training and cfg.dropout > 0) else 0
     mu = 1 if device_type == "cuda" else e
@@ -129,5 +124,6 @@ def korthikanti_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_
 
     Assumes 16-bit activations, 1-byte dropout masks and no tensor parallelism.
     """
-    s, b, h, a = seq_len, batch_size, d_model, n_head
+    s, b, h, a = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
+                                                  ("d_model", d_model), ("n_head", n_head)))
     return s * b * h * (34 + 5 * a * s / h)

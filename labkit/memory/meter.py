@@ -19,6 +19,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..validate import check_bool
+
 __all__ = ["CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
            "optimizer_tensors", "train_step"]
 
@@ -182,6 +184,8 @@ class MemoryMeter(TorchDispatchMode):
     @contextlib.contextmanager
     def phase(self, name: str):
         """Mark a phase. At the end of ``"forward"``, live forward allocations become activations."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name={name!r} must be a non-empty string (a phase: 'forward', ...)")
         previous, self._phase = self._phase, name
         try:
             yield self
@@ -241,6 +245,11 @@ def train_step(model: torch.nn.Module, optimizer, batch, *, loss_fn=None, meter:
     The loss is freed in backward, as a training loop frees it, unless ``keep_loss``: then it is
     returned (else None).
     """
+    check_bool("zero_grad", zero_grad)
+    check_bool("keep_loss", keep_loss)
+    if not isinstance(batch, (tuple, list)):  # a bare tensor would be unpacked along its rows
+        raise ValueError(f"batch={type(batch).__name__} must be a tuple such as (x, y)")
+
     def phase(name):
         return meter.phase(name) if meter is not None else contextlib.nullcontext()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..validate import check_positive
 from .meter import CATEGORIES, MemoryReport
 
 __all__ = ["plot_timeline", "plot_breakdown"]
@@ -14,6 +15,7 @@ def plot_timeline(report: MemoryReport, ax=None, unit: float = 2**20, title: str
     """Stacked bytes by category after every operator of the step, phases shaded; returns ``ax``."""
     import matplotlib.pyplot as plt
 
+    check_positive("unit", unit)
     ax = ax or plt.subplots(figsize=(9, 3.6))[1]
     xs = range(len(report.ops))
     ax.stackplot(xs, *[[v / unit for v in report.timeline[c]] for c in CATEGORIES],
@@ -37,6 +39,9 @@ def plot_breakdown(predicted: dict, measured: dict, ax=None, unit: float = 2**20
     """Side-by-side bars of predicted and measured bytes for each key of ``predicted``."""
     import matplotlib.pyplot as plt
 
+    check_positive("unit", unit)
+    if not set(predicted) <= set(measured):
+        raise ValueError(f"measured={sorted(measured)} must have every key of predicted={sorted(predicted)}")
     ax = ax or plt.subplots(figsize=(6, 3.2))[1]
     keys = list(predicted)
     xs = range(len(keys))

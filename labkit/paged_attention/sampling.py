@@ -9,13 +9,12 @@ the forks, the drops and the tokens, and the engine applies them to its cache.
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 
 import torch
 
-from ..validate import check_int
+from ..validate import check_float, check_int
 
 __all__ = ["Request", "Sequence", "Decision", "decide"]
 
@@ -66,9 +65,7 @@ class Request:
             check_int(f"{name}.{f}", getattr(self, f), 1)
         check_int(f"{name}.arrival", self.arrival, 0)
         check_int(f"{name}.seed", self.seed, 0, 2 ** 64 - max(self.n, 1))  # sample i seeds seed + i < 2^64
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"{name}.temperature={t!r} must be a finite number >= 0 (0: greedy)")
+        check_float(f"{name}.temperature", self.temperature, 0.0)  # 0: greedy
         if self.n > 1 and self.beam_width > 1:
             raise ValueError(f"{name}: n={self.n} and beam_width={self.beam_width}; choose one")
         if vocab_size is not None and self.beam_width > vocab_size:

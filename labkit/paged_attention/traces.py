@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validate import check_int
+from ..validate import check_int, check_positive
 from .sampling import Request
 
 __all__ = ["LengthDistribution", "SHAREGPT", "ALPACA", "synthetic_trace"]
@@ -64,10 +64,9 @@ def synthetic_trace(num_requests, dist=SHAREGPT, *, max_len, rate=None, scale=1.
     check_int("seed", seed, 0)
     if not isinstance(dist, LengthDistribution):
         raise TypeError(f"dist={dist!r} must be a LengthDistribution (SHAREGPT, ALPACA or your own)")
-    if rate is not None and not _positive(rate):
-        raise ValueError(f"rate={rate!r} must be a finite number > 0 (requests per step) or None")
-    if not _positive(scale):
-        raise ValueError(f"scale={scale!r} must be a finite number > 0")
+    if rate is not None:
+        check_positive("rate", rate)  # requests per step
+    check_positive("scale", scale)
     rng = np.random.default_rng(seed)
     prompts, outputs = dist.draw(rng, num_requests, scale)
     prompts = np.minimum(prompts, max_len - 1)

@@ -9,6 +9,7 @@ forward (activations) and once backward (their gradients); interleaving makes v 
 
 from __future__ import annotations
 
+from ..validate import check_int
 from .schedules import SCHEDULES
 
 __all__ = ["bubble_fraction", "max_in_flight", "p2p_messages"]
@@ -16,12 +17,13 @@ __all__ = ["bubble_fraction", "max_in_flight", "p2p_messages"]
 
 def _check(p, m, v):
     for name, value in (("pp_size", p), ("num_microbatches", m), ("v", v)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an int >= 1")
+        check_int(name, value, 1)
 
 
-def bubble_fraction(p: int, m: int, schedule: str = "gpipe", v: int = 1) -> float:
-    """Idle fraction of the step: (p - 1)/(m + p - 1), or (p - 1)/(v m + p - 1) interleaved."""
+def bubble_fraction(pp_size: int, num_microbatches: int, schedule: str = "gpipe", v: int = 1) -> float:
+    """Idle fraction of the step: (p - 1)/(m + p - 1), or (p - 1)/(v m + p - 1) interleaved
+    (p = ``pp_size``, m = ``num_microbatches``)."""
+    p, m = pp_size, num_microbatches
     _check(p, m, v)
     if schedule in ("gpipe", "1f1b"):
         if v != 1:
@@ -32,12 +34,13 @@ def bubble_fraction(p: int, m: int, schedule: str = "gpipe", v: int = 1) -> floa
     raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES}")
 
 
-def max_in_flight(p: int, m: int, schedule: str = "gpipe", v: int = 1, rank: int = 0) -> int:
+def max_in_flight(pp_size: int, num_microbatches: int, schedule: str = "gpipe", v: int = 1,
+                  rank: int = 0) -> int:
     """Most forwards awaiting their backward on ``rank``: m for GPipe, min(p - rank, m) for 1F1B;
     interleaved, counted in chunks (each 1/v of the stage): 2 (p - rank - 1) + (v - 1) p + 1."""
+    p, m = pp_size, num_microbatches
     _check(p, m, v)
-    if not isinstance(rank, int) or not 0 <= rank < p:
-        raise ValueError(f"rank={rank!r} must be an int in [0, {p})")
+    check_int("rank", rank, 0, p - 1)
     if schedule == "gpipe":
         return m
     if schedule == "1f1b" or (schedule == "interleaved" and v == 1):
@@ -47,7 +50,8 @@ def max_in_flight(p: int, m: int, schedule: str = "gpipe", v: int = 1, rank: int
     raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES}")
 
 
-def p2p_messages(p: int, m: int, v: int = 1) -> int:
+def p2p_messages(pp_size: int, num_microbatches: int, v: int = 1) -> int:
     """Point-to-point messages of one step over the whole pipeline: 2 m (v p - 1)."""
+    p, m = pp_size, num_microbatches
     _check(p, m, v)
     return 2 * m * (v * p - 1)

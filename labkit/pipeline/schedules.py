@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..validate import check_choice, check_int
+
 __all__ = ["Action", "schedule_gpipe", "schedule_1f1b", "schedule_interleaved", "make_schedule",
            "peak_in_flight", "SCHEDULES"]
 
@@ -29,23 +31,18 @@ class Action(NamedTuple):
         return f"{self.kind}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
 
 
-def _check_int(name: str, value, low: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r} must be an int >= {low}")
-
-
-def schedule_gpipe(p: int, m: int) -> list[list[Action]]:
+def schedule_gpipe(pp_size: int, num_microbatches: int) -> list[list[Action]]:
     """GPipe: every rank runs the forwards of all m micro-batches, then all their backwards."""
-    _check_int("pp_size", p)
-    _check_int("num_microbatches", m)
+    p = check_int("pp_size", pp_size, 1)
+    m = check_int("num_microbatches", num_microbatches, 1)
     return [[Action("F", i) for i in range(m)] + [Action("B", i) for i in range(m)] for _ in range(p)]
 
 
-def schedule_1f1b(p: int, m: int) -> list[list[Action]]:
+def schedule_1f1b(pp_size: int, num_microbatches: int) -> list[list[Action]]:
     """1F1B (PipeDream-Flush): rank r runs p - r - 1 warm-up forwards, then alternates one
     forward and one backward, then drains the remaining backwards. Needs m >= p."""
-    _check_int("pp_size", p)
-    _check_int("num_microbatches", m)
+    p = check_int("pp_size", pp_size, 1)
+    m = check_int("num_microbatches", num_microbatches, 1)
     if m < p:
         raise ValueError(f"num_microbatches={m} < pp_size={p}: 1F1B needs m >= p to reach its "
                          "steady state (use schedule_gpipe for fewer micro-batches)")
@@ -60,13 +57,13 @@ def schedule_1f1b(p: int, m: int) -> list[list[Action]]:
     return out
 
 
-def schedule_interleaved(p: int, m: int, v: int) -> list[list[Action]]:
+def schedule_interleaved(pp_size: int, num_microbatches: int, v: int) -> list[list[Action]]:
     """Interleaved 1F1B: each rank holds v chunks; micro-batches go through the chunks in groups
     of p (Megatron-LM's order). Rank r warms up with 2 (p - r - 1) + (v - 1) p chunk-forwards.
     Needs m to be a multiple of p; v = 1 is :func:`schedule_1f1b`."""
-    _check_int("pp_size", p)
-    _check_int("num_microbatches", m)
-    _check_int("v", v)
+    p = check_int("pp_size", pp_size, 1)
+    m = check_int("num_microbatches", num_microbatches, 1)
+    check_int("v", v, 1)
     if v == 1:  # one chunk per rank: plain 1F1B
         return schedule_1f1b(p, m)
     if m % p:
@@ -91,15 +88,17 @@ def schedule_interleaved(p: int, m: int, v: int) -> list[list[Action]]:
     return out
 
 
-def make_schedule(name: str, p: int, m: int, v: int = 1) -> list[list[Action]]:
-    """The schedule called ``name`` ("gpipe", "1f1b" or "interleaved")."""
-    if name == "gpipe":
-        return schedule_gpipe(p, m)
-    if name == "1f1b":
-        return schedule_1f1b(p, m)
+def make_schedule(name: str, pp_size: int, num_microbatches: int, v: int = 1) -> list[list[Action]]:
+    """The schedule called ``name`` ("gpipe", "1f1b" or "interleaved"); ``v`` chunks a rank
+    (interleaved only: GPipe and 1F1B hold one chunk, so they refuse v != 1)."""
+    check_choice("schedule", name, SCHEDULES)
+    check_int("v", v, 1)
     if name == "interleaved":
-        return schedule_interleaved(p, m, v)
-    raise ValueError(f"schedule={name!r} must be one of {SCHEDULES}")
+        return schedule_interleaved(pp_size, num_microbatches, v)
+    if v != 1:
+        raise ValueError(f"v={v} applies to schedule='interleaved' only: {name!r} runs one chunk "
+                         "a rank (v=1)")
+    return (schedule_gpipe if name == "gpipe" else schedule_1f1b)(pp_size, num_microbatches)
 
 
 def peak_in_flight(actions: list[Action]) -> int:

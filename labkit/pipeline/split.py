@@ -7,7 +7,12 @@ the last. With v chunks per rank the model is cut into v p virtual stages of equ
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch.nn as nn
+
+from ..validate import check_int
 
 __all__ = ["split_stages", "StageChunk", "build_chunks"]
 
@@ -39,6 +44,17 @@ def _partition(costs: list[float], first: float, last: float, n: int) -> list[tu
     return bounds[::-1]
 
 
+def _check_costs(costs, n_layer: int) -> None:
+    """One finite, non-negative number per layer (an infinite or NaN cost makes every split tie,
+    and the search would return an empty stage)."""
+    if len(costs) != n_layer:
+        raise ValueError(f"costs has {len(costs)} entries; it needs n_layer={n_layer} finite, "
+                         "non-negative numbers")
+    for i, c in enumerate(costs):
+        if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c) or c < 0:
+            raise ValueError(f"costs[{i}]={c!r} must be a finite, non-negative number")
+
+
 def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None = None) -> list[tuple[int, int]]:
     """Layer ranges ``(start, stop)`` of the v p virtual stages, in pipeline order.
 
@@ -46,9 +62,8 @@ def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None =
     the last) or by ``costs``, one number per layer; v > 1: v p equal ranges (needs v p | L).
     """
     L = len(model.blocks)
-    for name, value in (("pp_size", pp_size), ("v", v)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    check_int("pp_size", pp_size, 1)
+    check_int("v", v, 1)
     if pp_size * v > L:
         raise ValueError(f"pp_size={pp_size} x v={v} stages exceed the model's n_layer={L}: "
                          "each stage needs at least one layer")
@@ -58,8 +73,7 @@ def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None =
         size = L // (pp_size * v)
         return [(k * size, (k + 1) * size) for k in range(pp_size * v)]
     if costs is not None:
-        if len(costs) != L or any(c < 0 for c in costs):
-            raise ValueError(f"costs has {len(costs)} entries; it needs n_layer={L} non-negative numbers")
+        _check_costs(costs, L)
         return _partition([float(c) for c in costs], 0.0, 0.0, pp_size)
     per_layer = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
     first = model.wte.weight.numel() + model.wpe.weight.numel()
@@ -94,5 +108,10 @@ class StageChunk(nn.Module):
 
 def build_chunks(model, ranges: list[tuple[int, int]], pp_size: int, rank: int) -> list[StageChunk]:
     """The chunks rank ``rank`` holds: virtual stages rank, rank + p, ... of ``ranges``."""
+    check_int("pp_size", pp_size, 1)
+    check_int("rank", rank, 0, pp_size - 1)
     n = len(ranges)
+    if n == 0 or n % pp_size:
+        raise ValueError(f"ranges has {n} stages; it needs a positive multiple of "
+                         f"pp_size={pp_size} (split_stages gives v x pp_size)")
     return [StageChunk(model, *ranges[k], first=k == 0, last=k == n - 1) for k in range(rank, n, pp_size)]

@@ -3,3 +3,5 @@
 tensor x pipeline) and ``plan`` (the planner) for Chapter 6. These modules compose techniques with
 the core; pass their rank functions to :func:`labkit.dist.launch`, which needs them importable
 from a module."""
+
+__all__: list[str] = []  # import the rank functions from their modules (labkit.runs.zero, ...)

@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..collectives import all_reduce_mean_
 from ..dist import rank_device
 from ..model import build_model, get_preset
-from ..pipeline import split_stages
+from ..pipeline import check_same_model, split_stages
 from ..tensor_parallel import apply_tensor_parallel, sync_sequence_parallel_grads
 from ..validate import check_int
 from .pipeline import make_batch, train_pipeline
@@ -36,8 +36,7 @@ def mesh_coords(rank: int, dp: int, pp: int, tp: int) -> tuple[int, int, int]:
     """(data replica, pipeline stage, tensor rank) of a global rank on the (dp, pp, tp) mesh."""
     for name, value in (("dp", dp), ("pp", pp), ("tp", tp)):
         check_int(name, value, 1)
-    if not 0 <= rank < dp * pp * tp:
-        raise ValueError(f"rank={rank} is outside the dp x pp x tp = {dp * pp * tp} grid")
+    check_int("rank", rank, 0, dp * pp * tp - 1)  # a rank of the dp x pp x tp grid
     d, rest = divmod(rank, pp * tp)
     return (d, *divmod(rest, tp))
 
@@ -47,11 +46,12 @@ def _batches(cfg, global_batch: int, steps: int, seed: int):
     return [make_batch(cfg, global_batch, seed + k) for k in range(steps)]
 
 
-def reference_train(cfg="tiny", global_batch: int = 8, steps: int = 2, seed: int = 0, lr: float = 0.1):
-    """One process, whole batches, ``steps`` SGD steps: (losses, the trained model)."""
+def reference_train(cfg="tiny", global_batch: int = 8, steps: int = 2, seed: int = 0, lr: float = 0.1,
+                    dtype: torch.dtype = torch.float32):
+    """One process, whole batches, ``steps`` SGD steps: (losses, the trained model in ``dtype``)."""
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     torch.manual_seed(seed)
-    model = build_model(cfg)
+    model = build_model(cfg).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for x, y in _batches(cfg, global_batch, steps, seed):
@@ -65,8 +65,8 @@ def reference_train(cfg="tiny", global_batch: int = 8, steps: int = 2, seed: int
 
 def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: str = "1f1b", m: int = 2,
              v: int = 1, *, sequence_parallel: bool = False, steps: int = 2, cfg="tiny",
-             global_batch: int = 8, seed: int = 0, lr: float = 0.1) -> dict:
-    """Train ``steps`` SGD steps on the (dp, pp, tp) grid; this rank's view of it.
+             global_batch: int = 8, seed: int = 0, lr: float = 0.1, dtype: torch.dtype = torch.float32) -> dict:
+    """Train ``steps`` SGD steps on the (dp, pp, tp) grid, the model in ``dtype``; this rank's view.
 
     Returns {"coords" (d, stage, tp rank), "losses" (per step, the replica's m micro-batch losses;
     on the last stage only), "params" {name: this rank's updated shard}, "model" (the sharded
@@ -85,7 +85,8 @@ def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: st
     pp_ranks = mesh.mesh[d, :, r].tolist()  # the global ranks of this rank's pipeline
     tp_group, pp_group, dp_group = (mesh.get_group(n) for n in ("tp", "pp", "dp"))
     torch.manual_seed(seed)
-    model = build_model(cfg).to(dev)
+    model = build_model(cfg).to(dev, dtype)
+    check_same_model(model)  # every rank cuts its shard and its stage from the same model
     ranges = split_stages(model, pp, v=v)  # cut by the unsharded model's parameters
     if tp > 1:
         apply_tensor_parallel(model, tp_group, sequence_parallel)
@@ -97,7 +98,8 @@ def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: st
         model.zero_grad(set_to_none=True)
         res = train_pipeline(stage, pp, schedule, m, v, cfg=cfg, group=pp_group, ranks=pp_ranks, model=model,
                              batch=(x[rows].to(dev), y[rows].to(dev)), ranges=ranges, loss_fn=model.loss,
-                             act_shape=(global_batch // (dp * m), seq, cfg.d_model))
+                             act_shape=(global_batch // (dp * m), seq, cfg.d_model), check_init=False,
+                             count_saved=False)  # the tied embedding's gradient is summed in the step
         if sequence_parallel:
             sync_sequence_parallel_grads(model, tp_group)
         if held is None:  # the parameters of this stage: those that received a gradient
@@ -112,7 +114,7 @@ def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: st
 
 
 def parallel_3d_rank(rank: int, world_size: int, cases=(), steps: int = 2, cfg="tiny", global_batch: int = 8,
-                     seed: int = 0, lr: float = 0.1) -> dict:
+                     seed: int = 0, lr: float = 0.1, dtype: torch.dtype = torch.float32) -> dict:
     """Run each case (dp, tp, pp, schedule, m, v, sequence_parallel) with :func:`train_3d`.
 
     Returns {case: {"coords", "losses", "params", "names", "want", "start", "ref_losses"}}:
@@ -121,13 +123,13 @@ def parallel_3d_rank(rank: int, world_size: int, cases=(), steps: int = 2, cfg="
     ``params`` (same names); ``ref_losses`` its loss at each step.
     """
     torch.set_num_threads(1)  # tensors this small gain nothing from threads on a shared CPU
-    ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr)
-    _, start_model = reference_train(cfg, global_batch, 0, seed, lr)
+    ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr, dtype)
+    _, start_model = reference_train(cfg, global_batch, 0, seed, lr, dtype)
     out = {}
     for case in cases:
         dp, tp, pp, schedule, m, v, sp = case
         res = train_3d(rank, world_size, dp, tp, pp, schedule, m, v, sequence_parallel=sp, steps=steps, cfg=cfg,
-                       global_batch=global_batch, seed=seed, lr=lr)
+                       global_batch=global_batch, seed=seed, lr=lr, dtype=dtype)
         out[case] = {"coords": res["coords"], "losses": res["losses"], "params": res["params"],
                      "ref_losses": ref_losses, "names": [n for n, _ in res["model"].named_parameters()]}
         for key, full in (("want", ref_model), ("start", start_model)):

@@ -14,9 +14,10 @@ import torch
 
 from ..dist import rank_device
 from ..model import GPT, GPTConfig, build_model, get_preset
-from ..pipeline import build_chunks, exchange_tied_grad, make_schedule, run_schedule, split_stages
+from ..pipeline import build_chunks, check_same_model, make_schedule, run_schedule, split_stages
+from ..validate import check_int
 
-__all__ = ["make_batch", "reference_grads", "train_pipeline", "torch_pipelining_losses",
+__all__ = ["make_batch", "reference_grads", "train_pipeline", "train_plain_loop", "torch_pipelining_losses",
            "sleep_pipeline", "pipeline_rank", "bench_rank", "SleepChunk"]
 
 
@@ -28,32 +29,39 @@ def make_batch(cfg: GPTConfig, global_batch: int, seed: int = 0):
     return x, y
 
 
-def reference_grads(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: int = 0):
-    """One process, whole batch: (loss, {name: grad})."""
+def reference_grads(cfg: GPTConfig | str = "tiny", global_batch: int = 8, seed: int = 0,
+                    dtype: torch.dtype = torch.float32):
+    """One process, whole batch: (loss, {name: grad}); the model in ``dtype``."""
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     torch.manual_seed(seed)
-    model = build_model(cfg)
+    model = build_model(cfg).to(dtype)
     loss = model(*make_batch(cfg, global_batch, seed))
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def train_pipeline(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, seed=0, *,
-                   group=None, ranks=None, model=None, batch=None, ranges=None, loss_fn=None, act_shape=None):
+def train_pipeline(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", global_batch=8, seed=0, *,
+                   group=None, ranks=None, model=None, batch=None, ranges=None, loss_fn=None, act_shape=None,
+                   check_init=True, count_saved=True, dtype=torch.float32):
     """One pipeline step of the GPT on this rank (forward and backward, tied gradient summed).
 
     ``rank``: the stage; ``ranks``: the pipeline's global ranks in ``group``; ``ranges``: the
     layer split (default ``split_stages(model, pp_size, v=v)``); ``loss_fn`` (default ``GPT.loss``)
-    and ``act_shape`` (default (B/m, T, C)) for a model whose stages differ (tensor-parallel).
+    and ``act_shape`` (default (B/m, T, C)) for a model whose stages differ (tensor-parallel);
+    ``check_init``: first check that every stage holds the same model (a collective); ``dtype``:
+    the model's, when this function builds it.
 
     Returns {"losses", "grads" (this rank's, by the model's parameter names), "events",
     "peak_live", "peak_saved_bytes", "sent", "ranges"}.
     """
+    m = check_int("num_microbatches", num_microbatches, 1)
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     dev = rank_device()
     if model is None:
         torch.manual_seed(seed)
-        model = build_model(cfg).to(dev)
+        model = build_model(cfg).to(dev, dtype)
+    if check_init:
+        check_same_model(model, group)
     x, y = (t.to(dev) for t in (make_batch(cfg, global_batch, seed) if batch is None else batch))
     if x.shape[0] % m:
         raise ValueError(f"num_microbatches={m} must divide the batch of {x.shape[0]} sequences")
@@ -61,30 +69,55 @@ def train_pipeline(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, 
     chunks = build_chunks(model, ranges, pp_size, rank)
     actions = make_schedule(schedule, pp_size, m, v)[rank]
     act_shape = (x.shape[0] // m, x.shape[1], cfg.d_model) if act_shape is None else act_shape
-    kw = dict(rank=rank, pp_size=pp_size, inputs=x.chunk(m), targets=y.chunk(m),
-              loss_fn=GPT.loss if loss_fn is None else loss_fn, act_shape=act_shape, group=group,
-              ranks=ranks, device=x.device)
-    out = {"ranges": ranges}
-    res = run_schedule(chunks, actions, **kw)
-    if pp_size > 1 and rank in (0, pp_size - 1):  # the tied embedding lives on both ends
-        ranks = list(range(pp_size)) if ranks is None else ranks
-        exchange_tied_grad(model.wte.weight, ranks[pp_size - 1 - rank], rank == 0, group)
-    out.update(losses=res.losses, events=res.events, peak_live=res.peak_live, sent=res.sent,
-               peak_saved_bytes=res.peak_saved_bytes,
-               grads={n: p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters()
-                      if p.grad is not None})
-    return out
+    res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=x.chunk(m), targets=y.chunk(m),
+                       loss_fn=GPT.loss if loss_fn is None else loss_fn, act_shape=act_shape, group=group,
+                       ranks=ranks, device=x.device, tied=model.wte.weight, count_saved=count_saved,
+                       act_dtype=model.wte.weight.dtype)
+    return {"ranges": ranges, "losses": res.losses, "events": res.events, "peak_live": res.peak_live,
+            "sent": res.sent, "peak_saved_bytes": res.peak_saved_bytes,
+            "grads": {n: p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters()
+                      if p.grad is not None}}
 
 
-def torch_pipelining_losses(rank, pp_size, schedule, m, v=1, cfg="tiny", global_batch=8, seed=0):
+def train_plain_loop(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", global_batch=8, seed=0,
+                     steps=2, lr=0.1, dtype=torch.float32):
+    """``steps`` SGD steps through the pipeline as a plain loop: ``zero_grad()``, one
+    :func:`run_schedule` (the tied gradient summed by it), ``step()``. Step k's batch is
+    ``make_batch(cfg, global_batch, seed + k)``. Returns {"losses" per step, "params" held}."""
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    dev, m = rank_device(), num_microbatches
+    torch.manual_seed(seed)
+    model = build_model(cfg).to(dev, dtype)
+    check_same_model(model)
+    chunks = build_chunks(model, split_stages(model, pp_size, v=v), pp_size, rank)
+    params = list({id(p): p for c in chunks for p in c.parameters()}.values())
+    opt = torch.optim.SGD(params, lr=lr)
+    actions = make_schedule(schedule, pp_size, m, v)[rank]
+    losses = []
+    for k in range(steps):
+        x, y = (t.to(dev) for t in make_batch(cfg, global_batch, seed + k))
+        opt.zero_grad(set_to_none=True)
+        res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=x.chunk(m), targets=y.chunk(m),
+                           loss_fn=GPT.loss, act_shape=(global_batch // m, cfg.seq_len, cfg.d_model),
+                           device=dev, tied=model.wte.weight, count_saved=False, act_dtype=dtype)
+        opt.step()
+        losses.append(res.losses)
+    held = {id(p) for p in params}
+    return {"losses": losses, "params": {n: p.detach().to("cpu", copy=True)
+                                         for n, p in model.named_parameters() if id(p) in held}}
+
+
+def torch_pipelining_losses(rank, pp_size, schedule, num_microbatches, v=1, cfg="tiny", global_batch=8,
+                            seed=0, dtype=torch.float32):
     """The same split and batch through ``torch.distributed.pipelining``: the last stage's losses."""
+    m = check_int("num_microbatches", num_microbatches, 1)
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)
 
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     dev = rank_device()
     torch.manual_seed(seed)
-    model = build_model(cfg).to(dev)
+    model = build_model(cfg).to(dev, dtype)
     x, y = (t.to(dev) for t in make_batch(cfg, global_batch, seed))
     ranges = split_stages(model, pp_size, v=v)
     chunks = build_chunks(model, ranges, pp_size, rank)
@@ -133,8 +166,9 @@ def _sum_loss(y, target):
     return y.sum()
 
 
-def sleep_pipeline(rank, pp_size, schedule, m, v=1, fwd_s=0.02, bwd_s=0.04):
+def sleep_pipeline(rank, pp_size, schedule, num_microbatches, v=1, fwd_s=0.02, bwd_s=0.04):
     """Run a schedule on chunks of controlled cost (split evenly over v chunks); return events."""
+    m = check_int("num_microbatches", num_microbatches, 1)
     import torch.distributed as dist
 
     chunks = [SleepChunk(fwd_s / v, bwd_s / v) for _ in range(v)]
@@ -143,7 +177,7 @@ def sleep_pipeline(rank, pp_size, schedule, m, v=1, fwd_s=0.02, bwd_s=0.04):
     actions = make_schedule(schedule, pp_size, m, v)[rank]
     dist.barrier()  # start together: the step's clock starts here on every rank
     res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=inputs, targets=[None] * m,
-                       loss_fn=_sum_loss, act_shape=(1, 4), device=dev)
+                       loss_fn=_sum_loss, act_shape=(1, 4), device=dev, count_saved=False)
     return {"events": res.events, "peak_live": res.peak_live}
 
 
@@ -164,18 +198,23 @@ def _connect_ring(rank, world_size):
             dist.send(box, dst=peer)
 
 
-def pipeline_rank(rank, world_size, cases=(), torch_cases=(), sleep_cases=(),
-                  cfg="tiny", global_batch=8, seed=0, sleep_costs=(0.03, 0.06), sleep_repeats=1):
+def pipeline_rank(rank, world_size, cases=(), torch_cases=(), sleep_cases=(), loop_cases=(),
+                  cfg="tiny", global_batch=8, seed=0, sleep_costs=(0.03, 0.06), sleep_repeats=1,
+                  dtype=torch.float32):
     """Run every case on this rank; cases are (schedule, m, v). Returns {kind: {case: result}};
-    a sleep case's result is a list of ``sleep_repeats`` runs."""
+    a sleep case's result is a list of ``sleep_repeats`` runs; a loop case trains two SGD steps
+    through :func:`train_plain_loop`; the GPT's cases run in ``dtype``."""
     torch.set_num_threads(1)  # tensors this small gain nothing from threads on a shared CPU
-    out = {"labkit": {}, "torch": {}, "sleep": {}}
+    out = {"labkit": {}, "torch": {}, "sleep": {}, "loop": {}}
+    for case in loop_cases:
+        out["loop"][case] = train_plain_loop(rank, world_size, *case, cfg=cfg, global_batch=global_batch,
+                                             seed=seed, dtype=dtype)
     for case in cases:
         out["labkit"][case] = train_pipeline(rank, world_size, *case, cfg=cfg, global_batch=global_batch,
-                                             seed=seed)
+                                             seed=seed, dtype=dtype)
     for case in torch_cases:
         out["torch"][case] = torch_pipelining_losses(rank, world_size, *case, cfg=cfg,
-                                                     global_batch=global_batch, seed=seed)
+                                                     global_batch=global_batch, seed=seed, dtype=dtype)
     if sleep_cases:
         _connect_ring(rank, world_size)
     for case in sleep_cases:
@@ -196,7 +235,8 @@ def bench_rank(rank, world_size, cases, steps=3, cfg="tiny", global_batch=8):
         ours, theirs = [], []
         for _ in range(steps):  # alternate, so that a busy moment slows both
             dist.barrier()
-            res = train_pipeline(rank, world_size, *case, cfg=cfg, global_batch=global_batch)
+            res = train_pipeline(rank, world_size, *case, cfg=cfg, global_batch=global_batch,
+                                 count_saved=False)
             ours.append(res["events"][-1][2])
             dist.barrier()
             theirs.append(torch_pipelining_losses(rank, world_size, *case, cfg=cfg,

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from ..hardware import get_gpu, peak_flops
 from ..model import GPTConfig, training_flops
 from ..pipeline.analytic import bubble_fraction, max_in_flight
+from ..validate import check_choice, check_float, check_int, check_positive
 
-__all__ = ["Plan", "plan_parallelism", "plan_memory", "RECOMPUTE"]
+__all__ = ["Plan", "NoPlanFits", "plan_parallelism", "plan_memory", "RECOMPUTE"]
 
 RECOMPUTE = ("none", "selective", "full")
 _STATE_BYTES = {0: lambda n: 16.0, 1: lambda n: 4 + 12 / n, 2: lambda n: 2 + 14 / n}
@@ -63,6 +64,23 @@ def _schedule(p: int, m: int, v: int) -> str:
     return "interleaved" if v > 1 else ("1f1b" if m >= p else "gpipe")
 
 
+class NoPlanFits(ValueError):
+    """No configuration fits: ``closest`` is the plan with the least memory (None when no
+    configuration exists at all), and the message names the term that overflowed."""
+
+    def __init__(self, message: str, closest=None):
+        super().__init__(message)
+        self.closest = closest
+
+
+def _check_fraction(name: str, value, top: float = 1.0) -> float:
+    """A real number in (0, top]: efficiencies and memory fractions are shares of a whole."""
+    return check_float(name, value, maximum=top, above=0.0)
+
+
+_check_positive = check_positive
+
+
 def _layer_bytes(cfg: GPTConfig, b: int, t: int, recompute: str, sp: bool) -> tuple[float, float]:
     """(bytes kept per layer per micro-batch, bytes of one layer recomputed in full)."""
     s, h, a = cfg.seq_len, cfg.d_model, cfg.n_head
@@ -81,6 +99,16 @@ def plan_memory(cfg: GPTConfig, t: int, p: int, dp: int, micro_batch: int, num_m
     """(model-state bytes, activation bytes) per GPU of the largest pipeline stage; ``v`` > 1:
     the interleaved schedule with v chunks a rank (needs m a multiple of p)."""
     h, L = cfg.d_model, cfg.n_layer
+    for name, value in (("t", t), ("p", p), ("dp", dp), ("micro_batch", micro_batch),
+                        ("num_microbatches", num_microbatches), ("v", v)):
+        check_int(name, value, 1)
+    check_choice("zero", zero, tuple(_STATE_BYTES))
+    check_choice("recompute", recompute, RECOMPUTE)
+    check_choice("sequence_parallel", sequence_parallel, (False, True))
+    if cfg.n_head % t:
+        raise ValueError(f"t={t} must divide n_head={cfg.n_head} (each rank holds whole heads)")
+    if L % p:
+        raise ValueError(f"p={p} must divide n_layer={L} (stages of equal layer count)")
     if v > 1 and (p == 1 or L % (p * v)):
         raise ValueError(f"v={v} chunks a rank needs pp_size={p} > 1 and v x p to divide n_layer={L}")
     stage_params = (L // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + cfg.seq_len) * h / t
@@ -101,7 +129,8 @@ def plan_parallelism(cfg: GPTConfig, gpu, n_gpus: int, gpus_per_node: int, globa
                      nvlink_gbps: float | None = None, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1),
                      recompute=RECOMPUTE, sequence_parallel=(False, True), interleave=None,
                      memory_fraction: float = 0.9, include_infeasible: bool = False) -> list[Plan]:
-    """Every (t, p, N_d, b, v, ZeRO, recomputation) that fits, fastest estimated step first.
+    """Every (t, p, N_d, b, v, ZeRO, recomputation) that fits, fastest estimated step first;
+    raises :class:`NoPlanFits` (a ValueError) naming the term that overflowed when none does.
 
     t divides n_head and gpus_per_node (a tensor group never straddles two nodes); p divides
     n_layer; t p N_d = n_gpus; N_d b divides the global batch; ``interleave``: the chunks v a rank
@@ -111,15 +140,9 @@ def plan_parallelism(cfg: GPTConfig, gpu, n_gpus: int, gpus_per_node: int, globa
     fits when its memory is at most ``memory_fraction`` of nvidia-smi's total.
     """
     g = get_gpu(gpu)
-    for name, value in (("n_gpus", n_gpus), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    _check_plan_args(n_gpus, gpus_per_node, global_batch, efficiency, network_gbps, nvlink_gbps,
+                     micro_batches, zero_stages, recompute, sequence_parallel, interleave, memory_fraction)
     interleave = range(1, 9) if interleave is None else interleave
-    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in interleave):
-        raise ValueError(f"interleave={tuple(interleave)!r} must hold ints >= 1 (chunks a rank)")
-    bad = set(recompute) - set(RECOMPUTE)
-    if bad:
-        raise ValueError(f"recompute={tuple(recompute)!r} may only hold {RECOMPUTE}")
     nvlink = g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps
     peak = peak_flops(g, dtype) * efficiency
     L = cfg.n_layer
@@ -134,12 +157,60 @@ def plan_parallelism(cfg: GPTConfig, gpu, n_gpus: int, gpus_per_node: int, globa
                 for v in (v for v in interleave if v == 1 or (p > 1 and L % (p * v) == 0 and m % p == 0)):
                     plans += _plans_for(cfg, g, n_gpus, gpus_per_node, global_batch, t, p, dp, b, m, v, dtype,
                                         peak, nvlink, network_gbps, recompute, sequence_parallel, zero_stages,
-                                        memory_fraction, include_infeasible)
-    return sorted(plans, key=lambda pl: (pl.step_time_s, pl.memory_bytes))
+                                        memory_fraction)
+    fitting = plans if include_infeasible else [pl for pl in plans if pl.fits]
+    if not fitting:
+        raise _no_plan(plans, g, n_gpus, global_batch, memory_fraction)
+    return sorted(fitting, key=lambda pl: (pl.step_time_s, pl.memory_bytes))
+
+
+def _check_plan_args(n_gpus, gpus_per_node, global_batch, efficiency, network_gbps, nvlink_gbps,
+                     micro_batches, zero_stages, recompute, sequence_parallel, interleave, memory_fraction):
+    """Each argument of :func:`plan_parallelism` checked, named in the error."""
+    for name, value in (("n_gpus", n_gpus), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch)):
+        check_int(name, value, 1)
+    _check_fraction("efficiency", efficiency)  # a share of the dense peak: MFU cannot pass 1
+    _check_fraction("memory_fraction", memory_fraction)  # a share of the GPU's memory
+    _check_positive("network_gbps", network_gbps)
+    if nvlink_gbps is not None:
+        _check_positive("nvlink_gbps", nvlink_gbps)
+    for name, values, valid in (("micro_batches", micro_batches, None), ("interleave", interleave, None),
+                                ("zero_stages", zero_stages, tuple(_STATE_BYTES)),
+                                ("recompute", recompute, RECOMPUTE),
+                                ("sequence_parallel", sequence_parallel, (False, True))):
+        if values is None and name == "interleave":
+            continue
+        values = tuple(values)
+        if not values:
+            raise ValueError(f"{name}=() must hold at least one choice")
+        for x in values:
+            try:
+                check_int(name, x, 1) if valid is None else check_choice(name, x, valid)
+            except ValueError as err:
+                raise ValueError(f"{name}={values!r}: {err}") from None
+
+
+def _no_plan(plans, g, n_gpus, global_batch, memory_fraction) -> NoPlanFits:
+    """Why nothing fits: no configuration at all, or the term of the leanest plan that overflows."""
+    limit = memory_fraction * g.memory_bytes
+    if not plans:
+        return NoPlanFits(f"no (t, p, N_d, b) splits n_gpus={n_gpus} and global_batch={global_batch}: "
+                          "t must divide n_head and gpus_per_node, p n_layer, N_d b the global batch")
+    best = min(plans, key=lambda pl: pl.memory_bytes)
+    where = (f"(leanest plan: t={best.t}, p={best.p}, N_d={best.dp}, b={best.micro_batch}, ZeRO-{best.zero}, "
+             f"recompute={best.recompute!r})")
+    if best.states_bytes > limit:
+        term = f"model states alone need {best.states_bytes / 1e9:.1f} GB per GPU"
+    else:
+        term = (f"activations need {best.activation_bytes / 1e9:.1f} GB on top of "
+                f"{best.states_bytes / 1e9:.1f} GB of model states")
+    return NoPlanFits(f"no plan fits on {n_gpus} x {g.name}: {term} {where}, over "
+                      f"memory_fraction={memory_fraction:g} of {g.memory_bytes / 1e9:.1f} GB = "
+                      f"{limit / 1e9:.1f} GB", best)
 
 
 def _plans_for(cfg, g, n_gpus, gpus_per_node, global_batch, t, p, dp, b, m, v, dtype, peak, nvlink,
-               network_gbps, recompute, sequence_parallel, zero_stages, memory_fraction, include_infeasible):
+               network_gbps, recompute, sequence_parallel, zero_stages, memory_fraction):
     """The plans of one (t, p, N_d, b, m, v): every recomputation, SP and ZeRO choice."""
     s, h, L = cfg.seq_len, cfg.d_model, cfg.n_layer
     plans = []
@@ -166,8 +237,6 @@ def _plans_for(cfg, g, n_gpus, gpus_per_node, global_batch, t, p, dp, b, m, v, d
                     continue
                 st, act = plan_memory(cfg, t, p, dp, b, m, z, rc, sp, v)
                 fits = st + act <= memory_fraction * g.memory_bytes
-                if not (fits or include_infeasible):
-                    continue
                 time_s = compute + comm
                 plans.append(Plan(t, p, dp, b, m, z, rc, sp, st, act, bubble,
                                   {"tensor": tp_bytes, "pipeline": pp_bytes, "data": dp_bytes},

@@ -3,7 +3,8 @@
 ``train_rank(rank, world_size, kinds, ...)`` trains the tiny GPT under each data-parallel
 scheme in ``kinds`` on the same global batches, measures one step with the memory meter and
 the communication counter, and returns per-rank results; pass it to :func:`labkit.dist.launch`.
-``reference_run`` trains the same model in one process on the whole batch. ``BUILDERS`` maps
+``reference_run`` trains the same model in one process on the whole batch and
+``adam_agreement`` judges a scheme against it (both in :mod:`labkit.runs.zero_reference`). ``BUILDERS`` maps
 each scheme to the function that wraps a model and makes its optimizer.
 """
 
@@ -16,13 +17,14 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ..data import get_batch, load_corpus
+from ..data import load_corpus
 from ..dist import CommCounter, rank_device
 from ..memory.meter import MemoryMeter, optimizer_tensors, train_step
-from ..model import Block, build_model, count_params
+from ..model import Block, count_params
 from ..validate import check_int
 from ..zero import (DataParallelBucketed, DataParallelNaive, FullyShardedModule, OffloadOptimizer,
                     ShardedGradOptimizer, ShardedOptimizer, load_sharded, save_sharded)
+from .zero_reference import adam_agreement, make_model, rank_batch, reference_run
 
 __all__ = ["BUILDERS", "KINDS", "RESUMABLE", "STAGE", "Built", "adam_agreement", "build", "make_model", "rank_batch",
            "reference_run", "train_rank"]
@@ -44,52 +46,6 @@ class Built:
 
     def __post_init__(self):
         self.meter_opt = self.opt if self.meter_opt is None else self.meter_opt
-
-
-def rank_batch(corpus, step, rank, world_size, global_batch, seq_len, seed, device="cpu"):
-    """Rank ``rank``'s rows of the global batch of ``step``: the same data at any world size."""
-    gen = torch.Generator().manual_seed(seed * 100_003 + step)
-    x, y = get_batch(corpus, global_batch, seq_len, generator=gen)  # (B, T) each
-    b = global_batch // world_size
-    return x[rank * b:(rank + 1) * b].to(device), y[rank * b:(rank + 1) * b].to(device)
-
-
-def make_model(preset, seed, device):
-    torch.manual_seed(seed)  # the same initial parameters on every rank
-    return build_model(preset, device=device)
-
-
-def reference_run(steps=4, *, preset="tiny", global_batch=8, seq_len=32, lr=3e-3, weight_decay=0.1, seed=0):
-    """Single-process training on the whole global batch: (losses, final state dict)."""
-    model = make_model(preset, seed, "cpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    corpus, losses = load_corpus(), []
-    for step in range(steps):
-        losses.append(train_step(model, opt, rank_batch(corpus, step, 0, 1, global_batch, seq_len, seed),
-                                 keep_loss=True).item())
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def adam_agreement(ours: dict, ref: dict, lr: float, bulk_atol: float = 1e-6, bulk_share: float = 1e-3) -> dict:
-    """How closely AdamW-trained parameters ``ours`` follow ``ref`` (both {name: tensor or array}).
-
-    Summing the ranks' gradients in another order changes them by ~1e-7 relative. AdamW's step is
-    about lr * m / sqrt(v) whatever the gradient's size, so where a gradient is as small as that
-    round-off (a key bias, whose gradient is zero up to rounding, say) one element can move by a
-    good part of lr: the largest difference depends on the machine's kernels, not on the scheme.
-    The agreement is judged on what does not: all but ``bulk_share`` of the elements within
-    ``bulk_atol``, and none off by more than lr / 10.
-
-    Returns {"max": the largest |difference|, "share_off": the share of elements beyond
-    ``bulk_atol``, "ok": both conditions hold, "names_match": same parameter names}.
-    """
-    if ours.keys() != ref.keys():
-        return {"max": float("inf"), "share_off": 1.0, "ok": False, "names_match": False}
-    diffs = [(torch.as_tensor(ours[k]).detach().double() - torch.as_tensor(ref[k]).detach().double()).abs().reshape(-1)
-             for k in ref]
-    d = torch.cat(diffs)
-    worst, share = float(d.max()), float((d > bulk_atol).double().mean())
-    return {"max": worst, "share_off": share, "ok": share <= bulk_share and worst <= lr / 10, "names_match": True}
 
 
 class _StateView(nn.Module):
@@ -216,45 +172,53 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
     resume_dirs = checkpoint_dirs("resume", resume) if resume else {}
     if any(k not in kinds for k in save_dirs):
         raise ValueError(f"save={save!r} names kinds that are not trained: kinds={list(kinds)}")
-    cfg = dict(global_batch=global_batch, seq_len=seq_len, seed=seed)
-    corpus = load_corpus()  # the same token tensor for every scheme's batches
+    run = dict(rank=rank, world_size=world_size, preset=preset, seed=seed, device=device, mesh=mesh,
+               lr=lr, weight_decay=weight_decay, steps=steps, measure_step=measure_step,
+               corpus=load_corpus(),  # the same token tensor for every scheme's batches
+               data=dict(global_batch=global_batch, seq_len=seq_len, seed=seed))
     out = {}
     for kind in list(kinds) + [f"{k}_resumed" for k in resume_dirs]:
         base = kind.removesuffix("_resumed")
-        resumed = kind != base
-        model = make_model(preset, seed, device)
-        n_tensors = len(list(model.parameters()))
-        b = build(base, model, lr, weight_decay, mesh)
-        res = {"losses": [], "n_params": count_params(model.cfg), "n_tensors": n_tensors, "seconds": [],
-               "groups": list(b.groups)}
-        first = load_sharded(resume_dirs[base], b.shards, b.opt)["step"] if resumed else 0
-        for step in range(first, steps):
-            batch = rank_batch(corpus, step, rank, world_size, device=device, **cfg)
-            if step == measure_step and not resumed:
-                with CommCounter() as comm, MemoryMeter(b.meter_model, b.meter_opt) as meter:
-                    loss = train_step(b.net, b.opt, batch, meter=meter, keep_loss=True)
-                res["losses"].append(loss.item())
-                rep = meter.report()
-                res["memory"] = {**rep.max_by_category, "peak": rep.peak_bytes}
-                res["comm"] = comm.stats.as_dict()
-            else:
-                t0 = time.perf_counter()
-                res["losses"].append(train_step(b.net, b.opt, batch, keep_loss=True).item())
-                if step > first:  # the first step warms up (allocations, DDP's buckets): not timed
-                    res["seconds"].append(time.perf_counter() - t0)
-            if kind in save_dirs and step + 1 == save["at"]:
-                save_sharded(save_dirs[kind], b.shards, b.opt, extra={"step": step + 1})
-        res["seconds"] = sum(res["seconds"]) / max(len(res["seconds"]), 1)
-        state = b.full_state()
-        if rank == 0:
-            res["params"] = portable(state)
-        if isinstance(b.net, DataParallelBucketed):
-            res["buckets"], res["launched_in_backward"] = len(b.net._buckets), b.net.launched_in_backward
-        res["params_on"] = sorted({p.device.type for p in b.net.parameters()})
-        # per-element states only: torch keeps Adam's 0-d step counter on the CPU, whatever the device
-        res["state_on"] = sorted({t.device.type for t in optimizer_tensors(b.meter_opt) if t.dim()})
-        out[kind] = res
+        save_to = (save_dirs[kind], save["at"]) if kind in save_dirs else None
+        out[kind] = _train_kind(base, run, resume_dirs.get(base) if kind != base else None, save_to)
     return out
+
+
+def _train_kind(kind, run, resume_dir, save_to) -> dict:
+    """One scheme's run on this rank (see :func:`train_rank`): its results."""
+    model = make_model(run["preset"], run["seed"], run["device"])
+    n_tensors = len(list(model.parameters()))
+    b = build(kind, model, run["lr"], run["weight_decay"], run["mesh"])
+    res = {"losses": [], "n_params": count_params(model.cfg), "n_tensors": n_tensors, "seconds": [],
+           "groups": list(b.groups)}
+    first = load_sharded(resume_dir, b.shards, b.opt)["step"] if resume_dir else 0
+    for step in range(first, run["steps"]):
+        batch = rank_batch(run["corpus"], step, run["rank"], run["world_size"], device=run["device"],
+                           **run["data"])
+        if step == run["measure_step"] and not resume_dir:
+            with CommCounter() as comm, MemoryMeter(b.meter_model, b.meter_opt) as meter:
+                loss = train_step(b.net, b.opt, batch, meter=meter, keep_loss=True)
+            res["losses"].append(loss.item())
+            rep = meter.report()
+            res["memory"] = {**rep.max_by_category, "peak": rep.peak_bytes}
+            res["comm"] = comm.stats.as_dict()
+        else:
+            t0 = time.perf_counter()
+            res["losses"].append(train_step(b.net, b.opt, batch, keep_loss=True).item())
+            if step > first:  # the first step warms up (allocations, DDP's buckets): not timed
+                res["seconds"].append(time.perf_counter() - t0)
+        if save_to and step + 1 == save_to[1]:
+            save_sharded(save_to[0], b.shards, b.opt, extra={"step": step + 1})
+    res["seconds"] = sum(res["seconds"]) / max(len(res["seconds"]), 1)
+    state = b.full_state()
+    if run["rank"] == 0:
+        res["params"] = portable(state)
+    if isinstance(b.net, DataParallelBucketed):
+        res["buckets"], res["launched_in_backward"] = len(b.net._buckets), b.net.launched_in_backward
+    res["params_on"] = sorted({p.device.type for p in b.net.parameters()})
+    # per-element states only: torch keeps Adam's 0-d step counter on the CPU, whatever the device
+    res["state_on"] = sorted({t.device.type for t in optimizer_tensors(b.meter_opt) if t.dim()})
+    return res
 
 
 def checkpoint_dirs(name, value):

@@ -30,8 +30,7 @@ def zero_model_state_bytes(n_params: int, world_size: int, stage: int, precision
     shards are rounded up (ceil) as padding does.
     """
     check_int("world_size", world_size, 1)
-    if stage not in STAGES or isinstance(stage, bool):
-        raise ValueError(f"stage={stage!r} must be one of {list(STAGES)}")
+    check_choice("stage", stage, STAGES)
     full = model_state_bytes(n_params, precision, optimizer)
     part = model_state_bytes(shard_numel(n_params, world_size), precision, optimizer)  # the padded shard
     return ModelStateBytes(params=part.params if stage >= 3 else full.params,
@@ -60,8 +59,7 @@ def analytic_comm_volume(n_params: int, stage: int, world_size: int = 1, group_n
     ``group_numels``: the sizes of the flat groups a sharded stage pads separately to multiples
     of ``world_size``; with them the padded Ψ is used (stage 0 never pads).
     """
-    if stage not in STAGES or isinstance(stage, bool):
-        raise ValueError(f"stage={stage!r} must be one of {list(STAGES)}")
+    check_choice("stage", stage, STAGES)
     psi = check_int("n_params", n_params, 0)
     if group_numels is not None and stage > 0:
         group_numels = list(group_numels)

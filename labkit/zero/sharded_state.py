@@ -4,7 +4,8 @@ A checkpoint is a folder with one ``shard-RRRRR-of-WWWWW.pt`` per rank and a ``m
 that rank 0 writes last: the format, the world size, the model's fingerprint (every
 parameter's name and shape) and the size and SHA-256 of every shard. A rank's file holds, for
 each parameter, the slice ``[start, stop)`` of its flattened values that the rank owned and
-the optimizer state of that slice. Loading reads every shard, checks all of them, rebuilds
+the optimizer state of that slice and the optimizer's class. A save writes a new folder beside
+the old one and renames it into place once complete. Loading reads every shard, checks all of them, rebuilds
 each parameter and state in full, and cuts out the new rank's slice, so a checkpoint saved at
 4 ranks resumes at 2 or 8. Nothing is changed until every check has passed.
 """
@@ -15,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -38,22 +40,13 @@ def _fingerprint(entries) -> list:
     return [[key, list(shape)] for key, shape, _, _ in entries]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def _optimizer_kind(optimizer) -> str:
+    """The class of the optimizer whose states are saved (a ShardedOptimizer's inner one)."""
+    return type(getattr(optimizer, "inner", optimizer)).__name__
 
 
-def save_sharded(path, shards, optimizer, *, group=None, extra: dict | None = None) -> Path:
-    """Save this rank's shard of ``shards`` (a ShardedOptimizer or a FullyShardedModule) and of
-    ``optimizer``'s state into the folder ``path``; every rank calls it.
-
-    ``extra`` (plain Python values and tensors) is stored with every shard and returned by
-    :func:`load_sharded`: the step count, say.
-    """
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+def _shard_bytes(shards, optimizer, rank, world_size, extra) -> bytes:
+    """This rank's shard file: its slice of every parameter and of its optimizer state."""
     entries = shards.shard_entries()
     records = []
     for key, shape, (a, b), s in entries:
@@ -69,18 +62,79 @@ def save_sharded(path, shards, optimizer, *, group=None, extra: dict | None = No
                         "on_param_device": on_device})
     groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     payload = {"format": FORMAT, "rank": rank, "world_size": world_size, "fingerprint": _fingerprint(entries),
-               "entries": records, "param_groups": groups, "extra": extra}
+               "entries": records, "param_groups": groups, "extra": extra,
+               "optimizer": _optimizer_kind(optimizer)}
     buf = io.BytesIO()
     torch.save(payload, buf)
-    data = buf.getvalue()
-    _write_atomic(path / shard_filename(rank, world_size), data)
-    files = [None] * world_size
-    dist.all_gather_object(files, {"name": shard_filename(rank, world_size), "bytes": len(data),
-                                   "sha256": hashlib.sha256(data).hexdigest()}, group=group)
+    return buf.getvalue()
+
+
+def _check_target(path: Path) -> None:
+    """Refuse to replace a folder that holds something other than a sharded checkpoint."""
+    if path.exists() and (not path.is_dir() or (any(path.iterdir()) and not (path / MANIFEST).is_file())):
+        raise CheckpointError(f"path={str(path)!r} exists and is not a sharded checkpoint (no {MANIFEST}): "
+                              "save into a new or empty folder, or into an earlier checkpoint's folder")
+
+
+def _replace_folder(staging: Path, path: Path) -> None:
+    """Put the complete ``staging`` folder at ``path``; the old checkpoint goes only once it has."""
+    old = path.with_name(f".{path.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(staging, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _gather_errors(error, group) -> list[str]:
+    """Every rank's error (None where it succeeded), so that all ranks raise together, none waits."""
+    errors = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
+    return [e for e in errors if e]
+
+
+def save_sharded(path, shards, optimizer, *, group=None, extra: dict | None = None) -> Path:
+    """Save this rank's shard of ``shards`` (a ShardedOptimizer or a FullyShardedModule) and of
+    ``optimizer``'s state into the folder ``path``; every rank calls it.
+
+    The shards and the manifest are written to a new folder beside ``path``, which replaces
+    ``path`` only once complete: a save that fails on any rank raises on every rank and leaves
+    an earlier checkpoint at ``path`` as it was. ``extra`` (plain values and tensors) is stored
+    with every shard and returned by :func:`load_sharded`: the step count, say.
+    """
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    path = Path(path)
+    _check_target(path)  # the same answer on every rank: they share the folder
+    staging = path.with_name(f".{path.name}.saving")
     if rank == 0:
-        manifest = {"format": FORMAT, "world_size": world_size, "fingerprint": _fingerprint(entries), "files": files}
-        _write_atomic(path / MANIFEST, json.dumps(manifest, indent=1).encode())
+        shutil.rmtree(staging, ignore_errors=True)  # what an interrupted save left
+        staging.mkdir(parents=True)
     dist.barrier(group=group)
+    info, error = None, None
+    try:
+        data = _shard_bytes(shards, optimizer, rank, world_size, extra)
+        (staging / shard_filename(rank, world_size)).write_bytes(data)
+        info = {"name": shard_filename(rank, world_size), "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest()}
+    except Exception as e:  # noqa: BLE001 -- reported on every rank below
+        error = f"rank {rank}: {type(e).__name__}: {e}"
+    files = [None] * world_size
+    dist.all_gather_object(files, info, group=group)
+    errors = _gather_errors(error, group)
+    if not errors and rank == 0:
+        try:
+            manifest = {"format": FORMAT, "world_size": world_size,
+                        "fingerprint": _fingerprint(shards.shard_entries()), "files": files}
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            _replace_folder(staging, path)
+        except OSError as e:
+            error = f"rank 0: {type(e).__name__}: {e}"
+    errors = errors or _gather_errors(error, group)
+    if errors:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"saving the checkpoint {path} failed; anything saved there before is "
+                              "unchanged: " + "; ".join(errors))
     return path
 
 
@@ -156,6 +210,17 @@ def _assemble(key, numel, records, path):
     return values, states, source
 
 
+def _check_optimizer(path, payload, optimizer) -> None:
+    """Refuse the states of one kind of optimizer for another (AdamW's lr and betas into SGD)."""
+    saved, ours = payload.get("optimizer"), _optimizer_kind(optimizer)
+    saved_keys = sorted({k for g in payload["param_groups"] for k in g})
+    our_keys = sorted({k for g in optimizer.param_groups for k in g if k != "params"})
+    if (saved is not None and saved != ours) or saved_keys != our_keys:
+        raise CheckpointError(f"{path} holds the states of a {saved or 'different'} optimizer "
+                              f"(hyperparameters {saved_keys}); this one is {ours} ({our_keys}): "
+                              "load it into the kind of optimizer that saved it")
+
+
 def load_sharded(path, shards, optimizer, *, group=None):
     """Load a checkpoint saved by :func:`save_sharded` at any world size into this rank.
 
@@ -165,6 +230,7 @@ def load_sharded(path, shards, optimizer, *, group=None):
     path = Path(path)
     entries = shards.shard_entries()
     payloads = _read_all(path, _fingerprint(entries), len(optimizer.param_groups))
+    _check_optimizer(path, payloads[0], optimizer)
     values, new_states = {}, {}
     for j, (key, shape, (a, b), s) in enumerate(entries):
         numel = torch.Size(shape).numel()
