@@ -8,12 +8,11 @@ attention probabilities: in training with dropout > 0 the core raises ValueError
 
 from __future__ import annotations
 
-import math
 
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..validate import check_choice, check_int
+from ..validate import check_choice, check_float, check_int
 from .tiled import flash_attention
 
 __all__ = ["IMPLS", "FlashAttentionCore", "apply_flash_attention"]
@@ -29,9 +28,7 @@ class FlashAttentionCore(nn.Module):
         check_choice("impl", impl, IMPLS)
         check_int("block_q", block_q, minimum=1)
         check_int("block_k", block_k, minimum=1)
-        if (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
-                or not (math.isfinite(dropout) and 0 <= dropout <= 1)):
-            raise ValueError(f"dropout={dropout!r} must be a number in [0, 1]")
+        check_float("dropout", dropout, 0.0, 1.0)
         self.impl, self.dropout, self.block_q, self.block_k = impl, dropout, block_q, block_k
 
     def forward(self, q, k, v):
