@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model import check_gpt2_block
 from ..validate import check_int
 from .allocator import BlockAllocator, OutOfBlocksError
 from .analytic import DEFAULT_BLOCK_SIZE
@@ -75,6 +76,8 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model, num_blocks, block_size=DEFAULT_BLOCK_SIZE, **kw):
         cfg, p = model.cfg, next(model.parameters())
+        check_gpt2_block(cfg, "PagedKVCache", supports=("norm", "mlp", "d_ff", "tie_embeddings", "bias",
+                                                        "n_positions"))  # heads cached: n_head
         n_head = cfg.n_head // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
         return cls(cfg.n_layer, n_head, cfg.head_dim, num_blocks, block_size,
                    device=p.device, dtype=p.dtype, **kw)

@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..model import check_gpt2_block
 from ..validate import check_int
 
 __all__ = ["KVCache", "generate"]
@@ -49,6 +50,7 @@ class KVCache:
     def for_model(cls, model, batch_size, max_len=None):
         """A cache shaped for ``model`` (a labkit GPT), on its device and in its dtype."""
         cfg, p = model.cfg, next(model.parameters())
+        check_gpt2_block(cfg, "KVCache", supports=("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias", "n_positions"))  # heads cached: n_head
         n_head = cfg.n_head // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
         max_len = cfg.seq_len if max_len is None else check_int("max_len", max_len, 1)
         return cls(cfg.n_layer, batch_size, n_head, cfg.head_dim, max_len,

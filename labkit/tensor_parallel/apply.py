@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..collectives import broadcast_from_rank0, check_same_across_ranks, group_src
+from ..model import check_gpt2_block
 from ..validate import check_choice, check_int
 from .comm import GroupRef, check_flag, check_group, check_seq_divisible, gather_from_tp
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss
@@ -107,6 +108,8 @@ def _check_shardable(model: nn.Module, t: int) -> None:
     if not isinstance(model, nn.Module) or not any(getattr(model, part, None) is not None for part in _PARTS):
         raise TypeError(f"model ({type(model).__name__}) has none of {', '.join(_PARTS)}: expected a labkit GPT "
                         "or a pipeline stage's part of one")
+    if getattr(model, "cfg", None) is not None:
+        check_gpt2_block(model.cfg, "apply_tensor_parallel")
     if getattr(model, "tp_size", None) is not None:
         raise ValueError(f"model is already tensor-parallel over tp_size={model.tp_size}; the group has "
                          f"size {t}: apply_tensor_parallel to the full model")
