@@ -26,7 +26,7 @@ from .layers import repeat_kv
 from .validate import ArgumentError, check_bool, check_float, check_int
 
 __all__ = ["GPTConfig", "GPT", "AttentionCore", "KVCacheProtocol", "PRESETS", "get_preset", "count_params",
-           "build_model", "training_flops", "Block", "CausalSelfAttention", "MLP", "repeat_kv"]
+           "build_model", "training_flops", "check_gpt2_block", "Block", "CausalSelfAttention", "MLP", "repeat_kv"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,22 @@ PRESETS: dict[str, GPTConfig] = {
     **{name: _from_shape(name) for name in SHAPES},
     "llama-7b-like": GPTConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048, vocab_size=32000),
 }
+
+
+# What GPT-2's block is, field by field: a technique that implements only this block refuses the rest.
+_GPT2_BLOCK = {"norm": "layernorm", "mlp": "gelu", "pos": "learned", "n_kv_head": None, "d_ff": None,
+               "tie_embeddings": True, "bias": True, "sliding_window": None, "n_positions": None}
+
+
+def check_gpt2_block(cfg: GPTConfig, technique: str, *, supports: tuple[str, ...] = ()) -> None:
+    """Raise ValueError if ``cfg`` uses a Llama-family field ``technique`` does not implement yet."""
+    def plain(k):  # multi-head written out (n_kv_head == n_head), or d_ff == 4h, are GPT-2's block too
+        return (getattr(cfg, k) == _GPT2_BLOCK[k] or (k == "n_kv_head" and cfg.kv_heads == cfg.n_head)
+                or (k == "d_ff" and cfg.ffn_dim == 4 * cfg.d_model))
+    bad = [f"{k}={getattr(cfg, k)!r}" for k in _GPT2_BLOCK if k not in supports and not plain(k)]
+    if bad:
+        raise ValueError(f"{technique} implements GPT-2's block only so far; this model has {', '.join(bad)} "
+                         f"(supported here: {', '.join(supports) or 'none of the Llama-family fields'})")
 
 
 def _check_config(cfg) -> None:

@@ -49,5 +49,24 @@ for dtype in (torch.float32, torch.float16):
                 # the relative rounding of the reference's values to the dtype: the slack of the rule
                 "round": [((b.to(dtype).double() - b).norm() / b.norm()).item() for b in ref],
             })
+
+# a loss that uses L too (as a merge of partial attentions does): its gradient flows through L
+g = torch.Generator().manual_seed(7)
+q, k, v = (torch.randn(1, 2, s, 16, generator=g) for s in (19, 45, 45))
+dout, dl = torch.randn(1, 2, 19, 16, generator=g), torch.randn(1, 2, 19, generator=g)
+lse_grads = {}
+for name, dt, dev in (("triton", torch.float32, device), ("torch", torch.float32, device),
+                      ("fp64", torch.float64, "cpu")):
+    xs = [t.to(dev, dt).requires_grad_() for t in (q, k, v)]
+    if name == "triton":
+        out, lse = fa.FlashAttentionTriton.apply(*xs, True)
+    else:
+        out, lse = fa.standard_attention(*xs, True, return_lse=True)
+    loss = (out * dout.to(dev, dt)).sum() + (lse * dl.to(dev, lse.dtype)).sum()
+    lse_grads[name] = [t.detach().cpu().double() for t in torch.autograd.grad(loss, xs)]
+ref = lse_grads.pop("fp64")
+lse_rel = {n: [((a - b).norm() / b.norm()).item() for a, b in zip(v, ref)] for n, v in lse_grads.items()}
+lse_rel["round"] = [((b.float().double() - b).norm() / b.norm()).item() for b in ref]
 print(json.dumps({"triton_at_import": triton_at_import, "device": device,
-                  "interpreted": os.environ.get("TRITON_INTERPRET") == "1", "results": results}))
+                  "interpreted": os.environ.get("TRITON_INTERPRET") == "1", "results": results,
+                  "lse_grad": lse_rel}))

@@ -24,8 +24,8 @@ from torch.nn.attention.bias import causal_lower_right
 from torch.utils.flop_counter import FlopCounterMode
 
 from labkit.flash_attention import (
-    FlashAttention, IOCounter, apply_flash_attention, attention_flops, causal_mask, flash_attention,
-    flash_block_size, hbm_accesses, paper_block_sizes, standard_attention,
+    FlashAttention, FlashAttentionCore, IOCounter, apply_flash_attention, attention_flops, causal_mask,
+    flash_attention, flash_block_size, hbm_accesses, paper_block_sizes, standard_attention,
 )
 from labkit.memory import MemoryMeter
 from labkit.model import GPTConfig, build_model
@@ -143,6 +143,46 @@ def test_bad_input_raises_naming_it():
         with pytest.raises(ValueError, match="block_q="):
             apply_flash_attention(build_model(GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=8,
                                                         vocab_size=16)), block_q=bad)
+
+
+_Q = torch.zeros(1, 1, 4, 8)
+MORE_BAD = [  # each once silently taken (a truthy string, a no-op dropout) or failing far away
+    (lambda: flash_attention(_Q, _Q, _Q, return_lse="no"), TypeError, "return_lse='no'"),
+    (lambda: standard_attention(_Q, _Q, _Q, return_lse="no"), TypeError, "return_lse='no'"),
+    (lambda: flash_attention(_Q, _Q, _Q, io=5), TypeError, "io=5 must be an IOCounter"),
+    (lambda: causal_mask(-1, 3), ValueError, "s_q=-1"),
+    (lambda: causal_mask(True, 3), ValueError, "s_q=True"),
+    (lambda: causal_mask(4, 2.0), ValueError, "s_k=2.0"),
+    (lambda: causal_mask(5, 3), ValueError, "s_q=5 > s_k=3"),
+    (lambda: FlashAttentionCore(dropout="0.1"), ValueError, "dropout='0.1'"),
+    (lambda: FlashAttentionCore(dropout=-0.5), ValueError, "dropout=-0.5"),
+    (lambda: FlashAttentionCore(dropout=float("nan")), ValueError, "dropout=nan"),
+    (lambda: FlashAttentionCore(dropout=True), ValueError, "dropout=True"),
+    (lambda: paper_block_sizes(16, 8), ValueError, "M=8"),
+]
+
+
+@pytest.mark.parametrize("call, kind, words", MORE_BAD, ids=[w for _, _, w in MORE_BAD])
+def test_more_bad_input_raises_naming_it(call, kind, words):
+    with pytest.raises(kind, match=words.replace("(", r"\(")):
+        call()
+
+
+@pytest.mark.parametrize("causal, use_out", [(False, True), (True, True), (True, False)])
+def test_a_loss_that_uses_the_log_sum_exp_gets_its_gradient(causal, use_out):
+    # once L was marked non-differentiable: a loss using it got a silently partial gradient.
+    # fp64 on both sides: the two orders of summation agree to ~1e-15, far below any lost term
+    q, k, v, dout = _qkv(13, 21, 8)
+    dl = torch.randn(2, 3, 13, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for fn in (lambda *a: flash_attention(*a, causal=causal, block_q=4, block_k=8, return_lse=True),
+               lambda *a: standard_attention(*a, causal, return_lse=True)):
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*xs)
+        loss = (lse * dl).sum() + ((out * dout).sum() if use_out else 0)
+        grads.append(torch.autograd.grad(loss, xs, allow_unused=True, materialize_grads=True))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 def _fit(xs, ys):
@@ -307,6 +347,9 @@ def test_triton_kernels_in_a_subprocess():
             # flash-attention's rule: no more than twice PyTorch's error in the same dtype
             for name, a, b in zip(names, case["err"]["triton"], case["err"]["torch"]):
                 assert a <= 2 * b, (case["case"], name, a, b)
+    lse = report["lse_grad"]  # dq, dk, dv of a loss that uses L: the same fp32 rule
+    for name, a, b, r in zip(["dq", "dk", "dv"], lse["triton"], lse["torch"], lse["round"]):
+        assert a <= 2 * b + 2 * r, ("gradient through L", name, a, b, r)
 
 
 def test_every_triton_dot_states_its_precision():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -92,3 +94,27 @@ def test_booleans_are_not_counts():
         KVCache(2, True, 2, 16, 8)
     with pytest.raises(TypeError, match="use_cache='no'"):
         generate(model, torch.zeros(1, 2, dtype=torch.long), 2, use_cache="no")
+
+
+@pytest.mark.parametrize("prompt, words", [
+    (torch.tensor([1, 2, 3]), "shape (3,)"),  # once an IndexError from prompt.size(1)
+    ([[1, 2, 3]], "got list"),  # once an AttributeError
+    (torch.tensor([[1.0, 2.0]]), "torch.float32"),  # once a RuntimeError from the embedding
+    (torch.zeros(1, 0, dtype=torch.long), "shape (1, 0)"),  # once a RuntimeError from a reshape
+])
+def test_generate_refuses_a_prompt_that_is_not_token_ids(prompt, words):
+    with pytest.raises(ValueError, match=re.escape("prompt must be a (B, T0) integer tensor")) as err:
+        generate(_model(), prompt, 2)
+    assert words in str(err.value)
+
+
+def test_a_cache_for_another_model_or_of_no_length_is_refused():
+    model = _model()
+    with pytest.raises(ValueError, match="max_len=0"):
+        KVCache.for_model(model, 1, max_len=0)  # once silently taken as seq_len
+    with pytest.raises(TypeError, match="dtype=torch.int64"):
+        KVCache(2, 1, 2, 16, 8, dtype=torch.int64)
+    other = KVCache(CFG.n_layer, 1, CFG.n_head, 8, 8)  # head_dim 8, the model's is 16
+    with pytest.raises(ValueError, match="built for another model"):
+        model(torch.zeros(1, 2, dtype=torch.long), kv_cache=other)  # once a RuntimeError in a copy
+    assert other.length == 0

@@ -286,3 +286,42 @@ def test_a_tiny_llama_learns_the_corpus_and_every_parameter_gets_a_gradient():
 def test_bad_llama_fields_are_refused_naming_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GPTConfig(**kwargs)
+
+
+# --- techniques that implement GPT-2's block only refuse the Llama fields they would get wrong ------------
+LLAMA_TINY = dict(n_layer=2, n_head=4, d_model=32, seq_len=16, vocab_size=64, norm="rmsnorm", mlp="swiglu",
+                  d_ff=48, pos="rope", n_kv_head=2, tie_embeddings=False, bias=False)
+
+
+def _refuses(fn, model, match):
+    with pytest.raises(ValueError, match=match):
+        fn(model)
+
+
+def test_techniques_refuse_what_they_do_not_implement(tmp_path):
+    import torch.distributed as dist
+    from labkit.flash_attention import apply_flash_attention
+    from labkit.paged_attention import Engine, KVCache, PagedKVCache
+    from labkit.pipeline.split import build_chunks, split_stages
+    from labkit.tensor_parallel import apply_tensor_parallel
+
+    llama = build_model(GPTConfig(**LLAMA_TINY))
+    _refuses(lambda m: split_stages(m, 2), llama, r"pipeline split implements GPT-2's block only.*pos='rope'")
+    _refuses(lambda m: build_chunks(m, [(0, 1), (1, 2)], 2, 0), llama, "pipeline split")
+    _refuses(lambda m: KVCache.for_model(m, 1), llama, r"KVCache .*n_kv_head=2")
+    _refuses(lambda m: PagedKVCache.for_model(m, 4), llama, r"PagedKVCache .*pos='rope'")
+    _refuses(lambda m: Engine(m, num_blocks=4), llama, "PagedKVCache")
+    windowed = build_model(GPTConfig(**{**LLAMA_TINY, "sliding_window": 4}))
+    _refuses(apply_flash_attention, windowed, r"apply_flash_attention .*sliding_window=4")
+    apply_flash_attention(build_model(GPTConfig(**LLAMA_TINY)))  # rope, GQA, SwiGLU: the core is all it swaps
+    KVCache.for_model(build_model(GPTConfig(**{**LLAMA_TINY, "n_kv_head": None})), 1)  # rope MHA decodes
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        _refuses(lambda m: apply_tensor_parallel(m, dist.group.WORLD), llama,
+                 r"apply_tensor_parallel implements GPT-2's block only")
+        gpt2 = apply_tensor_parallel(build_model(GPTConfig(**{k: LLAMA_TINY[k] for k in
+                                     ("n_layer", "n_head", "d_model", "seq_len", "vocab_size")})),
+                                     dist.group.WORLD)
+        assert gpt2.tp_size == 1
+    finally:
+        dist.destroy_process_group()

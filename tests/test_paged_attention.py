@@ -8,6 +8,7 @@ over the block table followed by torch's scaled_dot_product_attention.
 from __future__ import annotations
 
 import math
+import re
 from unittest import mock
 
 import pytest
@@ -18,10 +19,10 @@ from hypothesis import strategies as st
 
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention import cache as cache_module
-from labkit.paged_attention import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, BlockAllocator, OutOfBlocksError,
-                                    PagedKVCache, blocks_for_tokens, kv_bytes_per_token, kv_bytes_per_token_of,
-                                    paged_attention, slot_mapping, slots_wasted_in_last_block,
-                                    write_kv)
+from labkit.paged_attention import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, BlockAllocator, ContiguousAllocator,
+                                    LengthDistribution, OutOfBlocksError, PagedKVCache, blocks_for_tokens,
+                                    kv_bytes_per_token, kv_bytes_per_token_of, paged_attention, slot_mapping,
+                                    slots_wasted_in_last_block, synthetic_trace, write_kv)
 
 FAST = settings(max_examples=150, deadline=None)
 
@@ -289,3 +290,78 @@ def test_unknown_sequence_ids_are_named():
         with pytest.raises(ValueError, match="seq_id='b' is not in the cache"):
             call()
     assert "a" in cache and "c" not in cache  # the failed fork added nothing
+
+
+_K = torch.zeros(4, 2, 4, 8)  # (num_blocks, nh, block_size, hs)
+_Q, _T, _L = torch.zeros(1, 2, 1, 8), torch.tensor([[0, 1]]), torch.tensor([5])
+
+
+def _cache_with(*seq_ids):
+    cache = PagedKVCache(1, 2, 8, num_blocks=4, block_size=4)
+    for s in seq_ids:
+        cache.add_sequence(s, [1, 2])
+        cache.reserve(s, [1, 2])
+    return cache
+
+
+MORE_BAD = [  # each was once a silent wrong result (read or written from the end, a truncated
+    # token id, a sequence written twice) or an error from deep in torch or NumPy
+    (lambda: slot_mapping([0, 1], torch.tensor([-1]), 4), ValueError, "position -1 is outside"),
+    (lambda: slot_mapping([0, 1], torch.tensor([8]), 4), ValueError, "position 8 is outside"),
+    (lambda: slot_mapping([0, 1], torch.tensor([1]), True), ValueError, "block_size=True"),
+    (lambda: write_kv(_K.clone(), _K.clone(), torch.tensor([-1]), torch.ones(1, 2, 8), torch.ones(1, 2, 8)),
+     ValueError, "slot -1 is outside"),
+    (lambda: write_kv(_K.clone(), _K.clone(), torch.tensor([16]), torch.ones(1, 2, 8), torch.ones(1, 2, 8)),
+     ValueError, "slot 16 is outside"),
+    (lambda: write_kv(_K.clone(), _K.clone(), torch.tensor([1]), torch.ones(1, 2, 6), torch.ones(1, 2, 6)),
+     ValueError, "must be (N, nh, hs) = (1, 2, 8)"),
+    (lambda: paged_attention(_Q, _K, _K, _T.float(), _L), TypeError, "block_tables.dtype=torch.float32"),
+    (lambda: paged_attention(_Q, _K, _K, [[0, 1]], _L), TypeError, "block_tables must be a torch.Tensor"),
+    (lambda: paged_attention(_Q, _K, _K, _T, _L.float()), TypeError, "context_lens.dtype=torch.float32"),
+    (lambda: paged_attention(torch.zeros(1, 2, 1, 6), _K, _K, _T, _L), ValueError, "hs=6"),
+    (lambda: paged_attention(torch.zeros(1, 3, 1, 8), _K, _K, _T, _L), ValueError, "nh=3"),
+    (lambda: paged_attention(_Q, _K, _K[:3], _T, _L), ValueError, "v_cache (3, 2, 4, 8)"),
+    (lambda: paged_attention(_Q.double(), _K, _K, _T, _L), ValueError, "dtypes torch.float64"),
+    (lambda: _cache_with("a").reserve("a", [-5]), ValueError, "tokens[0]=-5"),
+    (lambda: _cache_with("a").reserve("a", [1.7]), ValueError, "tokens[0]=1.7"),
+    (lambda: _cache_with("a").reserve("a", [True]), ValueError, "tokens[0]=True"),
+    (lambda: _cache_with().add_sequence("a", "ab"), TypeError, "tokens must be a list of token ids"),
+    (lambda: _cache_with("a").step([], 1), ValueError, "seq_ids is empty"),
+    (lambda: _cache_with("a").step(["a", "a"], 2), ValueError, "seq_id='a' appears more than once"),
+    (lambda: PagedKVCache(1, 2, 8, 4, 4, dtype=torch.int32), TypeError, "dtype=torch.int32"),
+    (lambda: synthetic_trace(3, max_len=10, rate="1"), ValueError, "rate='1'"),
+    (lambda: synthetic_trace(3, max_len=10, rate=True), ValueError, "rate=True"),
+    (lambda: synthetic_trace(3, max_len=10, rate=float("inf")), ValueError, "rate=inf"),
+    (lambda: synthetic_trace(3, max_len=10, scale=0), ValueError, "scale=0"),
+    (lambda: synthetic_trace(3, max_len=10, scale=float("nan")), ValueError, "scale=nan"),
+    (lambda: synthetic_trace(3, "sharegpt", max_len=10), TypeError, "dist='sharegpt'"),
+    (lambda: LengthDistribution("x", 0, 10), ValueError, "mean_prompt=0"),
+    (lambda: LengthDistribution("x", 10, 10, -1.0), ValueError, "sigma=-1.0"),
+]
+
+
+@pytest.mark.parametrize("call, kind, words", MORE_BAD, ids=[w for _, _, w in MORE_BAD])
+def test_more_bad_input_raises_naming_it(call, kind, words):
+    with pytest.raises(kind, match=re.escape(words)):
+        call()
+
+
+def test_the_cache_is_unchanged_by_a_refused_token():
+    cache = _cache_with("a")
+    with pytest.raises(ValueError, match="tokens"):
+        cache.reserve("a", [3, -1])
+    assert cache.length("a") == 2 and cache.tokens["a"] == [1, 2]  # as before the refused call
+
+
+def test_the_contiguous_allocator_frees_only_what_it_handed_out():
+    alloc = ContiguousAllocator(8)
+    start = alloc.allocate(4)
+    with pytest.raises(ValueError, match=r"range \(start=2, size=2\) was not allocated"):
+        alloc.free(2, 2)  # once accepted: [2, 4) free while its owner still held [0, 4)
+    with pytest.raises(ValueError, match="has size 4"):
+        alloc.free(start, 3)
+    assert alloc.num_free == 4 and alloc.allocate(5) is None  # nothing was freed by the refusals
+    alloc.free(start, 4)
+    assert alloc.num_free == 8 and alloc.largest_gap == 8
+    with pytest.raises(ValueError, match="was not allocated"):
+        alloc.free(start, 4)  # a double free

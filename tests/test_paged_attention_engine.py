@@ -260,3 +260,23 @@ def test_the_scheduler_admits_within_max_num_seqs_and_preempts_the_latest_admitt
     assert [g.rid for g in sched.waiting] == [1, 2]  # first in the queue, before the newcomer
     assert cache.length(sched.running[0].seqs[0].sid) == 13
     assert 1 not in [g.rid for g in batch.admitted]  # nothing is admitted in a preempting step
+
+
+def test_more_bad_engine_input_raises_naming_it(model):
+    engine = Engine(model, num_blocks=16, block_size=4)
+    with pytest.raises(TypeError, match="requests must be a list of Request, got Request"):
+        engine.serve(Request([1, 2], 2))  # once: "'Request' object is not iterable" from the scheduler
+    with pytest.raises(TypeError, match="progress='no' must be a bool"):
+        engine.serve([Request([1, 2], 2)], progress="no")
+    with pytest.raises(ValueError, match="beam_width=65 exceeds vocab_size=64"):
+        engine.serve([Request([1, 2], 2, beam_width=65)])  # once: topk's "selected index k out of range"
+    with pytest.raises(ValueError, match=r"seed=18446744073709551615 must be an int in \[0, 18446744073709551614\]"):
+        engine.serve([Request([1, 2], 2, n=2, temperature=1.0, seed=2 ** 64 - 1)])  # once an overflow mid-serve
+    with pytest.raises(TypeError, match=r"model \(Linear\) must be a labkit GPT"):
+        Engine(torch.nn.Linear(2, 2), num_blocks=8)
+    with pytest.raises(TypeError, match="dtype=torch.int64"):
+        PagedKVCache(1, 1, 1, 4, 4, dtype=torch.int64)
+    # an iterable that is not a list (once: "object of type 'generator' has no len()") is served
+    req = Request([3, 1, 4], 3)
+    served = engine.serve(r for r in [req]).outputs[0]
+    assert served == _plain(model, req)

@@ -5,6 +5,8 @@ over all 4 ranks, each with and without sequence parallelism; plain training loo
 2 x 2 TP x ZeRO-1; the refusals; generation.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -12,8 +14,8 @@ from labkit.dist import launch
 from labkit.memory import activation_bytes as chapter1_activation_bytes
 from labkit.memory import korthikanti_activation_bytes
 from labkit.model import build_model, get_preset
-from labkit.runs.tensor_parallel import roundoff
-from labkit.tensor_parallel import (RECOMPUTE, activation_bytes, apply_tensor_parallel, check_tp_size,
+from labkit.runs.tensor_parallel import bench_rank, roundoff, tp_rank, tp_train_rank, tp_zero1_rank
+from labkit.tensor_parallel import (RECOMPUTE, ColumnParallelLinear, activation_bytes, apply_tensor_parallel, check_tp_size,
                                     collectives_per_layer, collectives_per_step, layer_comm_bytes, layer_flops,
                                     model_activation_bytes, params_per_rank, shard_indices)
 from tp_workers import tp_checks
@@ -156,6 +158,17 @@ def test_vocab_parallel_loss_refuses_targets_the_model_refuses(runs):
         assert "every target is -100" in msg["all_ignored"]
 
 
+def test_faults_on_real_ranks_raise_on_every_rank_and_nothing_hangs(runs):
+    for rank, r in enumerate(runs):
+        msg = r["more"]
+        if rank >= 2:
+            assert "not a member of group" in msg["not_member"]
+        assert "targets (2, 8) must be (B, T, V/t) and (B, T)" in msg["short_targets"]
+        assert "vocab_start=0" in msg["start"] and "rank * V/t" in msg["start"]  # rank 0 too: its start is right
+        assert "token id 256 is outside [0, vocab_size=256)" in msg["embedding_id"]
+        assert msg["after"] == runs[0]["more"]["after"]  # the group still works after the refusals
+
+
 def test_generation_on_a_tensor_parallel_model(runs):
     ref = runs[0]["generation"]
     # greedy tokens can only flip where two logits tie within round-off: this reference has none
@@ -164,6 +177,7 @@ def test_generation_on_a_tensor_parallel_model(runs):
         gen = r["generation"]
         assert torch.equal(gen["uncached"], ref["want"])  # every rank: the unsharded model's tokens
         assert torch.equal(gen["cached"], ref["want"])  # the KV cache holds this rank's heads
+        assert gen["engine"] == ref["want"][0, 8:].tolist()  # so does the serving engine's paged cache
         assert "cannot decode with a KV cache" in gen["sp_cache"]
 
 
@@ -181,6 +195,54 @@ def test_sequence_parallel_must_be_a_bool():
         collectives_per_layer(1)
     with pytest.raises(ValueError, match="init_sync='maybe'"):
         apply_tensor_parallel(model, None, init_sync="maybe")
+
+
+TP_BAD = [  # each once a silent result (the last rank's rows, negative bytes) or a far error
+    (lambda: shard_indices(8, -1, 2), "rank=-1 must be an int in [0, 1]"),
+    (lambda: shard_indices(8, 2, 2), "rank=2 must be an int in [0, 1]"),
+    (lambda: shard_indices(8, 0, 0), "tp_size=0"),
+    (lambda: shard_indices(8, 0, 2, chunks=0), "chunks=0"),
+    (lambda: check_tp_size(2, n_head=0), "n_head=0 must be an int >= 1"),
+    (lambda: check_tp_size(1, n_head=True), "n_head=True"),
+    (lambda: activation_bytes(-1, 2, 128, 4), "s=-1"),
+    (lambda: activation_bytes(8, 2, 128.5, 4), "h=128.5"),
+    (lambda: layer_flops(8, "2", 128), "b='2'"),
+    (lambda: layer_comm_bytes(8, 2, 128, 2, dtype_bytes=0), "dtype_bytes=0"),
+    (lambda: model_activation_bytes(CFG, 2, 4, True, seq_len=6), "sequence length 6 must be divisible by tp_size=4"),
+]
+
+
+@pytest.mark.parametrize("call, words", TP_BAD, ids=[w for _, w in TP_BAD])
+def test_more_bad_sizes_raise_naming_them(call, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        call()
+
+
+MESH_BAD = [  # checked before any rank builds a mesh: once torch's mesh error, a ZeroDivisionError, or
+    # unequal data-parallel shares whose mean is not the whole batch's (a run that fails its own check)
+    (lambda: tp_rank(0, 4, CFG, tp_sizes=(3,)), "tp_size=3 must divide world_size=4"),
+    (lambda: tp_rank(0, 4, CFG, tp_sizes=(0,)), "tp_size=0"),
+    (lambda: tp_train_rank(0, 4, CFG, tp_sizes=(8,)), "tp_size=8 must be an int in [1, 4]"),
+    (lambda: bench_rank(0, 4, CFG, tp_sizes=(True,)), "tp_size=True"),
+    (lambda: tp_zero1_rank(0, 4, CFG, batch_size=5), "dp_size=2 must divide batch_size=5"),
+    (lambda: tp_zero1_rank(0, 4, CFG, dp_size=3), "dp_size=3 must divide world_size=4"),
+]
+
+
+@pytest.mark.parametrize("call, words", MESH_BAD, ids=[w for _, w in MESH_BAD])
+def test_run_functions_refuse_a_mesh_that_cannot_be_built(call, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        call()
+
+
+def test_without_torch_distributed_or_with_a_wrong_group_or_model_the_error_says_so():
+    # no process group here: once torch's own message, or an AttributeError deep in torch
+    with pytest.raises(ValueError, match="apply_tensor_parallel needs torch.distributed started"):
+        apply_tensor_parallel(build_model("tiny"), None)
+    with pytest.raises(ValueError, match="ColumnParallelLinear needs torch.distributed started"):
+        ColumnParallelLinear(torch.nn.Linear(4, 4), None)
+    with pytest.raises(TypeError, match="linear must be a torch.nn.Linear, got Conv1d"):
+        ColumnParallelLinear(torch.nn.Conv1d(4, 4, 1), None)
 
 
 def test_check_tp_size_names_the_argument_and_both_values():

@@ -5,10 +5,10 @@ import copy
 import torch
 import torch.distributed as dist
 
-from labkit.paged_attention.contiguous import generate
+from labkit.paged_attention import Engine, Request, generate
 from labkit.model import build_model, get_preset
 from labkit.runs.tensor_parallel import make_batch, roundoff, tp_rank, tp_train_rank, tp_zero1_rank
-from labkit.tensor_parallel import apply_tensor_parallel
+from labkit.tensor_parallel import VocabParallelEmbedding, apply_tensor_parallel, vocab_parallel_cross_entropy
 
 
 def _refusal(fn, kind=ValueError):
@@ -84,6 +84,9 @@ def _generation(cfg, new_tokens=8):
            "scale": top2.abs().max().item(),
            "cached": generate(model, prompt, new_tokens), "uncached": generate(model, prompt, new_tokens,
                                                                                use_cache=False)}
+    # Chapter 8's engine on the sharded model: a paged cache of this rank's heads (once all of them)
+    out["engine"] = Engine(model, num_blocks=16, block_size=4).serve([Request(prompt[0].tolist(), new_tokens)])
+    out["engine"] = out["engine"].outputs[0]
     sp = apply_tensor_parallel(copy.deepcopy(full), None, sequence_parallel=True)
     out["sp_cache"] = _refusal(lambda: generate(sp, prompt, new_tokens))
     return out
@@ -106,6 +109,26 @@ def _stage_and_copy(cfg):
         return [roundoff(m.blocks[1](m.blocks[0](m.embed(x))), want, want64) for m in (stage, twin)]
 
 
+def _more_refusals(cfg):
+    """Faults a new user meets on real ranks, each once a silent result or a far error: every rank
+    of the group must raise, and none may be left waiting (the last call needs all of them)."""
+    sub = dist.new_group([0, 1])  # every rank must create it; ranks 2 and 3 are not in it
+    out = {}
+    if dist.get_rank() >= 2:
+        out["not_member"] = _refusal(lambda: apply_tensor_parallel(build_model(cfg), sub))
+    model = apply_tensor_parallel(_seeded(cfg, 0), None)
+    x, y = make_batch(cfg, 2)
+    out["short_targets"] = _refusal(lambda: model(x, y[:, :8]))  # once a loss over half the positions
+    Vt = cfg.vocab_size // dist.get_world_size()
+    logits = torch.zeros(2, 4, Vt)
+    out["start"] = _refusal(lambda: vocab_parallel_cross_entropy(logits, y[:, :4], None, 0))  # 0 on every rank
+    emb = VocabParallelEmbedding(_seeded(cfg, 0).wte, None)
+    out["embedding_id"] = _refusal(lambda: emb(torch.tensor([[1, cfg.vocab_size]])))  # once embedded as 0
+    with torch.no_grad():
+        out["after"] = model(x, y).item()
+    return out
+
+
 def tp_checks(rank, world_size, cfg):
     """tp_size 2 (two groups) and 4, with and without SP; plain loops; the 2 x 2 TP x ZeRO-1 runs."""
     out = {"tp": tp_rank(rank, world_size, cfg, tp_sizes=(2, 4))}
@@ -116,4 +139,5 @@ def tp_checks(rank, world_size, cfg):
     out["targets"] = _bad_targets(cfg)
     out["generation"] = _generation(cfg)
     out["stage"] = _stage_and_copy(cfg)
+    out["more"] = _more_refusals(cfg)
     return out

@@ -60,6 +60,9 @@ def paper_block_sizes(d: int, M: int) -> tuple[int, int]:
     """
     check_int("d", d, minimum=1)
     check_int("M", M, minimum=1)
+    if M < d:
+        raise ValueError(f"M={M} elements of on-chip memory must hold one row of d={d}: Theorem 2 "
+                         "assumes d <= M")
     B_c = -(-M // (4 * d))  # ceil
     return B_c, min(B_c, d)
 

@@ -8,10 +8,12 @@ attention probabilities: in training with dropout > 0 the core raises ValueError
 
 from __future__ import annotations
 
+
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..validate import check_choice, check_int
+from ..model import check_gpt2_block
+from ..validate import check_choice, check_float, check_int
 from .tiled import flash_attention
 
 __all__ = ["IMPLS", "FlashAttentionCore", "apply_flash_attention"]
@@ -27,6 +29,7 @@ class FlashAttentionCore(nn.Module):
         check_choice("impl", impl, IMPLS)
         check_int("block_q", block_q, minimum=1)
         check_int("block_k", block_k, minimum=1)
+        check_float("dropout", dropout, 0.0, 1.0)
         self.impl, self.dropout, self.block_q, self.block_k = impl, dropout, block_q, block_k
 
     def forward(self, q, k, v):
@@ -53,6 +56,9 @@ def apply_flash_attention(model: nn.Module, impl: str = "pytorch", *, block_q: i
     blocks = getattr(model, "blocks", None)
     if blocks is None:
         raise ValueError(f"model ({type(model).__name__}) has no .blocks: expected a labkit GPT")
+    if getattr(model, "cfg", None) is not None:  # the core takes no window: refuse one
+        check_gpt2_block(model.cfg, "apply_flash_attention", supports=(
+            "norm", "mlp", "pos", "n_kv_head", "d_ff", "tie_embeddings", "bias", "n_positions"))
     for block in blocks:
         old = block.attn.core
         block.attn.core = FlashAttentionCore(impl, getattr(old, "dropout", 0.0), block_q, block_k)

@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from ..validate import check_int
+
 __all__ = ["check_inputs", "causal_mask", "standard_attention"]
 
 
@@ -50,6 +52,11 @@ def check_inputs(q, k, v, causal) -> None:
 
 def causal_mask(s_q: int, s_k: int, device=None) -> torch.Tensor:
     """(s_q, s_k) bool, True where query i may NOT see key j: j > i + s_k - s_q (bottom-right)."""
+    check_int("s_q", s_q, minimum=1)
+    check_int("s_k", s_k, minimum=1)
+    if s_q > s_k:
+        raise ValueError(f"s_q={s_q} > s_k={s_k}: bottom-right aligned, the first {s_q - s_k} "
+                         "queries would see no key (their softmax would be nan); use s_q <= s_k")
     rows = torch.arange(s_q, device=device)[:, None]  # (s_q, 1)
     cols = torch.arange(s_k, device=device)[None, :]  # (1, s_k)
     return cols > rows + (s_k - s_q)
@@ -62,6 +69,8 @@ def standard_attention(q, k, v, causal: bool = False, *, return_lse: bool = Fals
     log-sum-exp L (..., s_q) of the scaled scores. Computes in the inputs' dtype (fp64 for a reference).
     """
     check_inputs(q, k, v, causal)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse={return_lse!r} must be a bool")
     s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (..., s_q, s_k)
     if causal:
         s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))

@@ -55,9 +55,11 @@ def _compute_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _check_blocks(block_q, block_k):
+def _check_blocks(block_q, block_k, io):
     check_int("block_q", block_q, minimum=1)
     check_int("block_k", block_k, minimum=1)
+    if io is not None and not isinstance(io, IOCounter):
+        raise TypeError(f"io={io!r} must be an IOCounter or None")
 
 
 class FlashAttention(torch.autograd.Function):
@@ -69,17 +71,19 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal=False, block_q=64, block_k=64, io=None):
         check_inputs(q, k, v, causal)
-        _check_blocks(block_q, block_k)
+        _check_blocks(block_q, block_k, io)
         out, lse = _forward(q, k, v, causal, block_q, block_k, io)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.blocks, ctx.io = causal, (block_q, block_k), io
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # d_lse is None when L is not used: nothing extra moves
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, out, lse, d_out, ctx.causal, *ctx.blocks, ctx.io)
+        if d_out is None:  # only L was used
+            d_out = torch.zeros_like(out)
+        dq, dk, dv = _backward(q, k, v, out, lse, d_out, d_lse, ctx.causal, *ctx.blocks, ctx.io)
         return dq, dk, dv, None, None, None, None
 
 
@@ -115,12 +119,15 @@ def _forward(q, k, v, causal, Br, Bc, io):
     return out, lse
 
 
-def _backward(q, k, v, out, lse, d_out, causal, Br, Bc, io):
-    """FlashAttention-2, Algorithm 2: key blocks outside, query blocks inside; P from L."""
+def _backward(q, k, v, out, lse, d_out, d_lse, causal, Br, Bc, io):
+    """FlashAttention-2, Algorithm 2: key blocks outside, query blocks inside; P from L.
+
+    A gradient dL of the log-sum-exp adds P_ij dL_i to dS_ij: it enters as D_i - dL_i."""
     s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale, offset, acc_t = 1.0 / math.sqrt(d), s_k - s_q, _compute_dtype(q.dtype)
     D = torch.empty(q.shape[:-1], dtype=acc_t, device=q.device)  # (..., s_q) in HBM
-    _store(io, D, (_load(io, d_out).to(acc_t) * _load(io, out).to(acc_t)).sum(dim=-1))
+    rowsum = (_load(io, d_out).to(acc_t) * _load(io, out).to(acc_t)).sum(dim=-1)  # (..., s_q)
+    _store(io, D, rowsum if d_lse is None else rowsum - _load(io, d_lse).to(acc_t))
     dq = torch.zeros(q.shape, dtype=acc_t, device=q.device)  # dQ = 0 in HBM, (..., s_q, d)
     if io is not None:
         io.writes += dq.numel()
@@ -160,5 +167,7 @@ def flash_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k
     ``block_q`` and ``block_k`` are the paper's Br and Bc; ``return_lse`` also returns L (..., s_q).
     Causal masks are bottom-right aligned (see :mod:`labkit.flash_attention.reference`).
     """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse={return_lse!r} must be a bool")
     out, lse = FlashAttention.apply(q, k, v, causal, block_q, block_k, io)
     return (out, lse) if return_lse else out

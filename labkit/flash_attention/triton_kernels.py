@@ -172,7 +172,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         ctx.save_for_backward(q3, k3, v3, out, lse)
         ctx.causal, ctx.lead = causal, lead
         out, lse = out.view(*lead, s_q, d), lse.view(*lead, s_q)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # L is differentiable; d_lse is None when it is not used
         return out, lse
 
     @staticmethod
@@ -180,10 +180,14 @@ class FlashAttentionTriton(torch.autograd.Function):
         q3, k3, v3, out, lse = ctx.saved_tensors
         bh, s_q, d = q3.shape
         s_k = k3.shape[1]
+        if d_out is None:  # only L was used
+            d_out = torch.zeros_like(out)
         do = d_out.reshape(bh, s_q, d).contiguous()  # (BH, s_q, d)
         BM, BN, BD, warps, stages = _config(d)
         delta = torch.empty_like(lse)
         _bwd_preprocess[(triton.cdiv(s_q, BM), bh)](out, do, delta, s_q, D=d, BLOCK_M=BM, BLOCK_D=BD)
+        if d_lse is not None:  # dL_i adds P_ij dL_i to dS_ij: it enters as D_i - dL_i
+            delta -= d_lse.reshape(bh, s_q).float()
         dq = torch.zeros(q3.shape, dtype=torch.float32, device=q3.device)  # atomic adds land here
         dk, dv = torch.empty_like(k3), torch.empty_like(v3)
         _bwd_kernel[(triton.cdiv(s_k, BN), bh)](
@@ -196,5 +200,7 @@ class FlashAttentionTriton(torch.autograd.Function):
 
 def flash_attention_triton(q, k, v, *, causal: bool = False, return_lse: bool = False):
     """FlashAttention-2 in Triton: q (..., s_q, d), k and v (..., s_k, d) -> (..., s_q, d)."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse={return_lse!r} must be a bool")
     out, lse = FlashAttentionTriton.apply(q, k, v, causal)
     return (out, lse) if return_lse else out

@@ -13,26 +13,73 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..validate import check_int
+
 __all__ = ["paged_attention", "write_kv", "slot_mapping"]
 
 
 def slot_mapping(block_table, positions, block_size):
     """Physical slots of logical ``positions`` of one sequence: block_table[p // bs] * bs + p % bs."""
+    check_int("block_size", block_size, 1)
     table = torch.as_tensor(block_table, dtype=torch.long, device=positions.device)
     if table.numel() and int(table.min()) < 0:
         raise ValueError(f"block_table holds block id {int(table.min())}: ids are >= 0")
+    if positions.is_floating_point() or positions.dtype == torch.bool:
+        raise TypeError(f"positions.dtype={positions.dtype} must be an integer dtype")
+    n = table.numel() * block_size
+    if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < n:
+        bad = int(positions.min()) if int(positions.min()) < 0 else int(positions.max())
+        raise ValueError(f"position {bad} is outside the block table's [0, {n}) slots (a negative "
+                         "position would read from the end)")
     return table[positions // block_size] * block_size + positions % block_size  # (T,)
 
 
-def write_kv(k_cache, v_cache, slots, k, v):
+def write_kv(k_cache, v_cache, slots, k, v, *, check=True):
     """Store new keys and values at ``slots`` (N,) of the paged caches.
 
-    k_cache, v_cache: (num_blocks, nh, block_size, hs); k, v: (N, nh, hs).
+    k_cache, v_cache: (num_blocks, nh, block_size, hs); k, v: (N, nh, hs). ``check=False`` skips
+    the range check of the slots, which reads them on the host (as in :func:`paged_attention`).
     """
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
+                         "one shape, (num_blocks, nh, block_size, hs)")
+    want = (slots.numel(), k_cache.size(1), k_cache.size(3))
+    if tuple(k.shape) != want or tuple(v.shape) != want:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (N, nh, hs) = {want}")
+    if check and slots.numel():
+        lo, hi = int(slots.min()), int(slots.max())
+        if lo < 0 or hi >= k_cache.size(0) * k_cache.size(2):
+            raise ValueError(f"slot {lo if lo < 0 else hi} is outside the cache's "
+                             f"[0, {k_cache.size(0) * k_cache.size(2)}) slots (a negative slot "
+                             "would write from the end)")
     bs = k_cache.size(2)
     blocks, offsets = slots // bs, slots % bs  # (N,), (N,)
     k_cache[blocks, :, offsets] = k  # advanced indices first: (N, nh, hs)
     v_cache[blocks, :, offsets] = v
+
+
+def _check_shapes(q, k_cache, v_cache, block_tables, context_lens) -> None:
+    """Shapes, dtypes and devices only: nothing is read from the device."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("block_tables", block_tables), ("context_lens", context_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be (B, nh, T, hs), got shape {tuple(q.shape)}")
+    B, nh, T, hs = q.shape
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or (k_cache.size(1), k_cache.size(3)) != (nh, hs):
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
+                         f"(num_blocks, nh={nh}, block_size, hs={hs}), as q {tuple(q.shape)} is")
+    if not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise ValueError(f"q, k_cache, v_cache dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype} "
+                         "must be the same")
+    for name, t in (("block_tables", block_tables), ("context_lens", context_lens)):
+        if t.is_floating_point() or t.dtype == torch.bool:
+            raise TypeError(f"{name}.dtype={t.dtype} must be an integer dtype (int64)")
+    if block_tables.dim() != 2 or block_tables.size(0) != B:
+        raise ValueError(f"block_tables must be (B={B}, max_blocks), got {tuple(block_tables.shape)}")
+    if context_lens.shape != (B,):
+        raise ValueError(f"context_lens must be (B={B},), got {tuple(context_lens.shape)}")
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, context_lens, *, check=True):
@@ -47,13 +94,8 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, *, check=Tr
     """
     if not isinstance(check, bool):
         raise TypeError(f"check={check!r} must be a bool")
-    if q.dim() != 4:
-        raise ValueError(f"q must be (B, nh, T, hs), got shape {tuple(q.shape)}")
+    _check_shapes(q, k_cache, v_cache, block_tables, context_lens)
     B, nh, T, hs = q.shape
-    if block_tables.dim() != 2 or block_tables.size(0) != B:
-        raise ValueError(f"block_tables must be (B={B}, max_blocks), got {tuple(block_tables.shape)}")
-    if context_lens.shape != (B,):
-        raise ValueError(f"context_lens must be (B={B},), got {tuple(context_lens.shape)}")
     bs = k_cache.size(2)
     n = block_tables.size(1) * bs  # gathered key slots per sequence
     if check:

@@ -15,12 +15,26 @@ from __future__ import annotations
 
 import torch
 
+from ..model import check_gpt2_block
 from ..validate import check_int
 from .allocator import BlockAllocator, OutOfBlocksError
 from .analytic import DEFAULT_BLOCK_SIZE
 from .attention import paged_attention, write_kv
+from .sampling import token_list
 
 __all__ = ["PagedKVCache", "PagedStep"]
+
+
+def _check_batch(seq_ids) -> list:
+    """A step's sequences: at least one, each once (twice would write its slots twice)."""
+    seq_ids = list(seq_ids)
+    if not seq_ids:
+        raise ValueError("seq_ids is empty: a step needs at least one sequence")
+    if len(set(seq_ids)) != len(seq_ids):
+        twice = next(s for s in seq_ids if seq_ids.count(s) > 1)
+        raise ValueError(f"seq_id={twice!r} appears more than once in seq_ids: a batch holds each "
+                         "sequence once")
+    return seq_ids
 
 
 def _block_hash(parent_hash, tokens: tuple) -> int:
@@ -41,6 +55,8 @@ class PagedKVCache:
         for name, value in [("store", store), ("prefix_sharing", prefix_sharing)]:
             if not isinstance(value, bool):
                 raise TypeError(f"{name}={value!r} must be a bool")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype: keys and values")
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.block_size, self.prefix_sharing = block_size, prefix_sharing
         shape = (num_blocks, n_head, block_size, head_dim)  # (num_blocks, nh, bs, hs)
@@ -60,7 +76,10 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model, num_blocks, block_size=DEFAULT_BLOCK_SIZE, **kw):
         cfg, p = model.cfg, next(model.parameters())
-        return cls(cfg.n_layer, cfg.n_head, cfg.head_dim, num_blocks, block_size,
+        check_gpt2_block(cfg, "PagedKVCache", supports=("norm", "mlp", "d_ff", "tie_embeddings", "bias",
+                                                        "n_positions"))  # heads cached: n_head
+        n_head = cfg.n_head // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
+        return cls(cfg.n_layer, n_head, cfg.head_dim, num_blocks, block_size,
                    device=p.device, dtype=p.dtype, **kw)
 
     # --- the narrow interface the engine uses -----------------------------------------------
@@ -112,7 +131,7 @@ class PagedKVCache:
         the tokens shared."""
         if seq_id in self.tables:
             raise ValueError(f"seq_id={seq_id!r} is already in the cache")
-        tokens = [int(t) for t in tokens]
+        tokens = token_list(tokens, "tokens")
         bs, table, hashes, h, uid = self.block_size, [], [], None, None
         for i in range((len(tokens) - 1) // bs if self.prefix_sharing else 0):
             own = tuple(tokens[i * bs:(i + 1) * bs])
@@ -148,7 +167,7 @@ class PagedKVCache:
         Allocates blocks on demand; copies a shared last block before writing to it. Raises
         :class:`OutOfBlocksError` and changes nothing when the free blocks do not suffice.
         """
-        tokens = [int(t) for t in tokens]
+        tokens = token_list(tokens, "tokens")
         need = self.blocks_needed(seq_id, len(tokens))
         if need > self.allocator.num_free:
             raise OutOfBlocksError(f"seq_id={seq_id!r} needs {need} blocks, "
@@ -216,6 +235,7 @@ class PagedKVCache:
     # --- views ----------------------------------------------------------------------------------
     def block_tables_tensor(self, seq_ids, device="cpu") -> torch.Tensor:
         """(B, max_blocks) int64, padded with block 0 (masked out by the context lengths)."""
+        _check_batch(seq_ids)
         width = max(len(self.tables[self._known(s)]) for s in seq_ids)
         rows = [self.tables[s] + [0] * (width - len(self.tables[s])) for s in seq_ids]
         return torch.tensor(rows, dtype=torch.long, device=device)
@@ -223,7 +243,7 @@ class PagedKVCache:
     def step(self, seq_ids, num_new: int) -> "PagedStep":
         """The model's view of one forward over ``seq_ids``, whose last ``num_new`` slots were
         just reserved."""
-        return PagedStep(self, list(seq_ids), num_new)
+        return PagedStep(self, _check_batch(list(seq_ids)), num_new)
 
     def used_blocks(self) -> set[int]:
         return {b for table in self.tables.values() for b in table}
@@ -263,6 +283,6 @@ class PagedStep:
         B, nh, T, hs = k.shape
         write_kv(self.cache.k[layer], self.cache.v[layer], self.slots,
                  k.transpose(1, 2).reshape(B * T, nh, hs),  # (B * T, nh, hs)
-                 v.transpose(1, 2).reshape(B * T, nh, hs))
+                 v.transpose(1, 2).reshape(B * T, nh, hs), check=False)  # slots built in range here
         return paged_attention(q, self.cache.k[layer], self.cache.v[layer], self.tables,
                                self.context_lens, check=False)

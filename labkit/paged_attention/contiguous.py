@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..model import check_gpt2_block
 from ..validate import check_int
 
 __all__ = ["KVCache", "generate"]
@@ -37,6 +38,8 @@ class KVCache:
         for name, value in [("n_layer", n_layer), ("batch_size", batch_size),
                             ("n_head", n_head), ("head_dim", head_dim), ("max_len", max_len)]:
             check_int(name, value, 1)
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype: keys and values")
         shape = (batch_size, n_head, max_len, head_dim)  # (B, nh, S, hs)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
@@ -47,8 +50,10 @@ class KVCache:
     def for_model(cls, model, batch_size, max_len=None):
         """A cache shaped for ``model`` (a labkit GPT), on its device and in its dtype."""
         cfg, p = model.cfg, next(model.parameters())
+        check_gpt2_block(cfg, "KVCache", supports=("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias", "n_positions"))  # heads cached: n_head
         n_head = cfg.n_head // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
-        return cls(cfg.n_layer, batch_size, n_head, cfg.head_dim, max_len or cfg.seq_len,
+        max_len = cfg.seq_len if max_len is None else check_int("max_len", max_len, 1)
+        return cls(cfg.n_layer, batch_size, n_head, cfg.head_dim, max_len,
                    device=p.device, dtype=p.dtype)
 
     @property
@@ -74,6 +79,10 @@ class KVCache:
         if self._new is None:
             raise RuntimeError("attend() before begin(): call the model with kv_cache=cache")
         s, e = self._new
+        want = (self.k[layer].size(0), self.k[layer].size(1), e - s, self.k[layer].size(3))
+        if not tuple(q.shape) == tuple(k.shape) == tuple(v.shape) == want:
+            raise ValueError(f"q, k, v shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} must "
+                             f"be (B, nh, T, hs) = {want}: this cache was built for another model")
         self.k[layer][:, :, s:e] = k  # (B, nh, T, hs) written at positions s..e-1
         self.v[layer][:, :, s:e] = v
         keys, values = self.k[layer][:, :, :e], self.v[layer][:, :, :e]  # (B, nh, e, hs)
@@ -97,6 +106,11 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
     check_int("max_new_tokens", max_new_tokens, 0)
     if not isinstance(use_cache, bool):
         raise TypeError(f"use_cache={use_cache!r} must be a bool")
+    if (not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.size(1) < 1
+            or prompt.is_floating_point() or prompt.dtype == torch.bool):
+        what = (f"a {prompt.dtype} tensor of shape {tuple(prompt.shape)}"
+                if isinstance(prompt, torch.Tensor) else type(prompt).__name__)
+        raise ValueError(f"prompt must be a (B, T0) integer tensor of token ids with T0 >= 1, got {what}")
     total = prompt.size(1) + max_new_tokens
     if total > model.cfg.seq_len:
         raise ValueError(f"prompt {prompt.size(1)} + max_new_tokens {max_new_tokens} exceed "

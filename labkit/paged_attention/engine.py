@@ -24,7 +24,7 @@ from ..validate import check_choice, check_int
 from .analytic import DEFAULT_BLOCK_SIZE
 from .cache import PagedKVCache
 from .reservation import ContiguousAllocator, Waste
-from .sampling import decide
+from .sampling import Request, decide
 from .scheduler import RESERVATIONS, Scheduler
 
 __all__ = ["Engine", "ServeResult", "RESERVATIONS"]
@@ -61,6 +61,8 @@ class Engine:
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         if max_len is None and model is None:
             raise ValueError("max_len is required when model is None")
+        if model is not None and not hasattr(model, "cfg"):
+            raise TypeError(f"model ({type(model).__name__}) must be a labkit GPT (with .cfg) or None")
         self.model, self.reservation = model, reservation
         self.max_len = check_int("max_len", model.cfg.seq_len if max_len is None else max_len, 2)
         if model is not None and self.max_len > model.cfg.seq_len:
@@ -133,6 +135,11 @@ class Engine:
         """Serve ``requests`` (arrival in steps) to completion and return outputs and measurements.
 
         A failure part-way (an interrupt, a model error) releases every block the trace held."""
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress={progress!r} must be a bool")
+        if isinstance(requests, Request) or not hasattr(requests, "__iter__"):
+            raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
+        requests = list(requests)
         sched = Scheduler(self.cache, self.contiguous, reservation=self.reservation,
                           max_len=self.max_len, max_num_seqs=self.max_num_seqs)
         sched.check_fits(requests, None if self.model is None else self.model.cfg.vocab_size)

@@ -22,6 +22,7 @@ class ContiguousAllocator:
         check_int("capacity", capacity, 1)
         self.capacity = capacity
         self._gaps = [(0, capacity)]  # sorted (start, length) of the free ranges
+        self._held: dict[int, int] = {}  # start -> size of each range handed out
 
     @property
     def num_free(self) -> int:
@@ -40,6 +41,7 @@ class ContiguousAllocator:
                     self._gaps.pop(i)
                 else:
                     self._gaps[i] = (start + size, length - size)
+                self._held[start] = size
                 return start
         return None
 
@@ -47,6 +49,11 @@ class ContiguousAllocator:
         """Return a range, merging it with free neighbours."""
         check_int("start", start, 0, self.capacity - 1)
         check_int("size", size, 1, self.capacity - start)
+        if self._held.get(start) != size:
+            held = "" if start not in self._held else f" (the range at {start} has size {self._held[start]})"
+            raise ValueError(f"range (start={start}, size={size}) was not allocated{held}: free exactly "
+                             "what allocate() returned")
+        del self._held[start]
         merged: list[tuple[int, int]] = []
         for s, n in sorted(self._gaps + [(start, size)]):
             end = merged[-1][0] + merged[-1][1] if merged else 0

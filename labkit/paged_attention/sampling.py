@@ -19,10 +19,10 @@ from ..validate import check_float, check_int
 __all__ = ["Request", "Sequence", "Decision", "decide"]
 
 
-def _token_list(prompt) -> list:
-    """A prompt as a list of Python ints; a 1-D integer tensor or array is converted."""
+def token_list(prompt, name: str = "prompt") -> list:
+    """Token ids as a list of Python ints; a 1-D integer tensor or array is converted."""
     if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__"):
-        raise TypeError(f"prompt must be a list of token ids or a 1-D integer tensor, "
+        raise TypeError(f"{name} must be a list of token ids or a 1-D integer tensor, "
                         f"got {type(prompt).__name__}")
     tokens = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
     for i, t in enumerate(tokens):  # a float, a bool or a nested row is refused here
@@ -32,8 +32,10 @@ def _token_list(prompt) -> list:
                 tokens[i] = t = operator.index(t)  # a NumPy or 0-d tensor integer
             except TypeError:
                 pass
-        check_int(f"prompt[{i}]", t, 0)
+        check_int(f"{name}[{i}]", t, 0)
     return tokens
+
+
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Request:
     seed: int = 0
 
     def __post_init__(self):
-        self.prompt = _token_list(self.prompt)
+        self.prompt = token_list(self.prompt)
 
     @property
     def final_len(self) -> int:
@@ -62,10 +64,13 @@ class Request:
         for f in ("max_new_tokens", "n", "beam_width"):
             check_int(f"{name}.{f}", getattr(self, f), 1)
         check_int(f"{name}.arrival", self.arrival, 0)
-        check_int(f"{name}.seed", self.seed, 0)
+        check_int(f"{name}.seed", self.seed, 0, 2 ** 64 - max(self.n, 1))  # sample i seeds seed + i < 2^64
         check_float(f"{name}.temperature", self.temperature, 0.0)  # 0: greedy
         if self.n > 1 and self.beam_width > 1:
             raise ValueError(f"{name}: n={self.n} and beam_width={self.beam_width}; choose one")
+        if vocab_size is not None and self.beam_width > vocab_size:
+            raise ValueError(f"{name}.beam_width={self.beam_width} exceeds vocab_size={vocab_size}: "
+                             "the first step has only vocab_size continuations")
         if vocab_size is not None and not 0 <= min(self.prompt) <= max(self.prompt) < vocab_size:
             bad = [x for x in self.prompt if not 0 <= x < vocab_size][0]
             raise ValueError(f"{name}.prompt holds token id {bad}: valid ids are "

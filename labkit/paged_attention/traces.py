@@ -21,6 +21,12 @@ from .sampling import Request
 __all__ = ["LengthDistribution", "SHAREGPT", "ALPACA", "synthetic_trace"]
 
 
+def _positive(x, zero_ok=False) -> bool:
+    """A finite real number (not a bool) above 0, or at least 0 with ``zero_ok``."""
+    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+    return ok and math.isfinite(x) and (x >= 0 if zero_ok else x > 0)
+
+
 @dataclass(frozen=True)
 class LengthDistribution:
     """Log-normal prompt and output lengths with the given means (tokens)."""
@@ -28,6 +34,13 @@ class LengthDistribution:
     mean_prompt: float
     mean_output: float
     sigma: float = 1.0
+
+    def __post_init__(self):
+        for name in ("mean_prompt", "mean_output", "sigma"):
+            value = getattr(self, name)
+            if not _positive(value, zero_ok=name == "sigma"):
+                raise ValueError(f"{name}={value!r} must be a finite number "
+                                 f"{'>= 0' if name == 'sigma' else '> 0'}")
 
     def draw(self, rng, size, scale=1.0):
         """(prompt lengths, output lengths), ints >= 1, means scaled by ``scale``."""
@@ -49,8 +62,11 @@ def synthetic_trace(num_requests, dist=SHAREGPT, *, max_len, rate=None, scale=1.
     check_int("max_len", max_len, 2)
     check_int("vocab_size", vocab_size, 1)
     check_int("seed", seed, 0)
+    if not isinstance(dist, LengthDistribution):
+        raise TypeError(f"dist={dist!r} must be a LengthDistribution (SHAREGPT, ALPACA or your own)")
     if rate is not None:
         check_positive("rate", rate)  # requests per step
+    check_positive("scale", scale)
     rng = np.random.default_rng(seed)
     prompts, outputs = dist.draw(rng, num_requests, scale)
     prompts = np.minimum(prompts, max_len - 1)

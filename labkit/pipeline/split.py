@@ -12,7 +12,13 @@ import numbers
 
 import torch.nn as nn
 
+from ..model import check_gpt2_block
 from ..validate import check_int
+
+
+def _check_block(model) -> None:
+    if getattr(model, "cfg", None) is not None:  # the stages carry wpe and a tied head: GPT-2's block
+        check_gpt2_block(model.cfg, "the pipeline split")
 
 __all__ = ["split_stages", "StageChunk", "build_chunks"]
 
@@ -61,6 +67,7 @@ def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None =
     v = 1: balanced by parameter count (embedding on stage 0, final LayerNorm and output layer on
     the last) or by ``costs``, one number per layer; v > 1: v p equal ranges (needs v p | L).
     """
+    _check_block(model)
     L = len(model.blocks)
     check_int("pp_size", pp_size, 1)
     check_int("v", v, 1)
@@ -108,6 +115,7 @@ class StageChunk(nn.Module):
 
 def build_chunks(model, ranges: list[tuple[int, int]], pp_size: int, rank: int) -> list[StageChunk]:
     """The chunks rank ``rank`` holds: virtual stages rank, rank + p, ... of ``ranges``."""
+    _check_block(model)
     check_int("pp_size", pp_size, 1)
     check_int("rank", rank, 0, pp_size - 1)
     n = len(ranges)

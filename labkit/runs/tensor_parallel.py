@@ -25,7 +25,7 @@ from ..dist import CommCounter, rank_device
 from ..memory import MemoryMeter
 from ..model import build_model
 from ..tensor_parallel import RECOMPUTE
-from .tensor_parallel_ref import (make_batch, named_tensors, reference_step, roundoff, roundoff_named,
+from .tensor_parallel_ref import (check_mesh, make_batch, named_tensors, reference_step, roundoff, roundoff_named,
                                   sharded_copy, sharded_like)
 from .tensor_parallel_train import tp_train_rank, tp_zero1_rank
 
@@ -155,6 +155,7 @@ def tp_rank(rank, world_size, cfg, batch_size=2, tp_sizes=None, dtensor=True, re
     logits, loss and gradients against the unsharded model, collectives counted, DTensor's
     logits and loss, and (on rank 0, whose shards are the size of every rank's) activation and
     parameter bytes measured per recomputation policy; a dict."""
+    tp_sizes = check_mesh(world_size, tp_sizes or (world_size,))
     dev = rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(1)  # several ranks share a few cores: one thread each is faster
@@ -163,7 +164,7 @@ def tp_rank(rank, world_size, cfg, batch_size=2, tp_sizes=None, dtensor=True, re
     full = build_model(cfg, device=dev)
     refs = _references(full, x, y)
     results = {}
-    for t in tp_sizes or (world_size,):
+    for t in tp_sizes:
         mesh = init_device_mesh(dev.type, (world_size // t, t), mesh_dim_names=("dp", "tp"))
         group = mesh.get_group("tp")
         for sp in (False, True):
@@ -200,6 +201,7 @@ def _timed(step, n, dev):
 
 def bench_rank(rank, world_size, cfg, batch_size=2, tp_sizes=(1, 2, 4), steps=5, sequence_parallel=False):
     """Step time (best of ``steps``) and bytes sent per rank, labkit's TP and DTensor's, per t."""
+    tp_sizes = check_mesh(world_size, tp_sizes)
     dev = rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(max(os.cpu_count() // world_size, 1))  # the ranks share the cores

@@ -14,11 +14,31 @@ import torch
 
 from ..data import get_batch, load_corpus
 from ..tensor_parallel import apply_tensor_parallel
+from ..validate import check_int
 
 __all__ = ["make_batch", "reference_step", "sharded_like", "sharded_copy", "named_tensors", "roundoff",
-           "roundoff_named"]
+           "roundoff_named", "check_mesh"]
 
 _EPS32 = torch.finfo(torch.float32).eps
+
+
+def check_mesh(world_size, tp_sizes=(), dp_size=None, batch_size=None) -> tuple:
+    """``tp_sizes`` as a tuple, each t dividing ``world_size`` (the mesh is (world_size / t, t)), and
+    ``dp_size`` dividing both ``world_size`` and ``batch_size`` (equal rows per data-parallel rank),
+    or a ValueError naming the argument, before any rank builds a mesh."""
+    check_int("world_size", world_size, minimum=1)
+    sizes = tuple(tp_sizes)
+    for t in sizes:
+        check_int("tp_size", t, minimum=1, maximum=world_size)
+        if world_size % t:
+            raise ValueError(f"tp_size={t} must divide world_size={world_size}: the mesh is (world_size / t, t)")
+    if dp_size is not None:
+        check_int("dp_size", dp_size, minimum=1, maximum=world_size)
+        for name, n in (("world_size", world_size), ("batch_size", batch_size)):
+            if n is not None and check_int(name, n, minimum=1) % dp_size:
+                raise ValueError(f"dp_size={dp_size} must divide {name}={n}: every data-parallel rank takes "
+                                 "an equal share, or their mean is not the whole batch's")
+    return sizes
 
 
 def roundoff(ours, ref32, ref64) -> tuple[float, float]:

@@ -18,7 +18,8 @@ from ..dist import CommCounter, rank_device
 from ..model import build_model
 from ..tensor_parallel import sync_sequence_parallel_grads
 from ..zero import ShardedOptimizer
-from .tensor_parallel_ref import make_batch, named_tensors, roundoff, roundoff_named, sharded_copy, sharded_like
+from .tensor_parallel_ref import (check_mesh, make_batch, named_tensors, roundoff, roundoff_named, sharded_copy,
+                                  sharded_like)
 
 __all__ = ["train_single", "tp_train_rank", "tp_zero1_rank"]
 
@@ -73,6 +74,7 @@ def tp_train_rank(rank, world_size, cfg, tp_sizes=(2, 4), steps=3, lr=0.1, batch
     """A plain training loop over ``apply_tensor_parallel(model, group, sequence_parallel)`` for
     each t, against one process: {t: {"losses", "params": (error, floor), "explicit_calls",
     "reductions"}} (``reductions``: end-of-backward sums of the sequence-parallel gradients)."""
+    tp_sizes = check_mesh(world_size, tp_sizes)
     dev = rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(1)
@@ -98,6 +100,7 @@ def tp_zero1_rank(rank, world_size, cfg, batch_size=4, steps=3, lr=0.1, dp_size=
     """TP over the mesh's "tp" axis, labkit's ZeRO-1 over its "dp" axis, a plain SGD loop, against
     one process on the whole batch: per-rank losses, the one process's (float32 and float64) and
     the (error, floor) of every parameter shard at the end."""
+    check_mesh(world_size, dp_size=dp_size, batch_size=batch_size)
     dev = rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(1)

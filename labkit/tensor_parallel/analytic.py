@@ -12,7 +12,7 @@ from ..memory.analytic import ActivationBytes
 from ..memory.analytic import activation_bytes as chapter1_activation_bytes
 from ..validate import check_choice, check_int
 from .apply import check_tp_size
-from .comm import check_flag
+from .comm import check_flag, check_seq_divisible
 
 __all__ = ["RECOMPUTE", "activation_bytes", "model_activation_bytes", "params_per_rank",
            "collectives_per_layer", "collectives_per_step", "layer_flops", "layer_comm_bytes"]
@@ -27,6 +27,12 @@ def _degree(tp_size, tp) -> int:
             raise ValueError(f"tp_size={tp_size!r} and tp={tp!r} disagree: give tp_size only")
         tp_size = tp
     return check_int("tp_size", 1 if tp_size is None else tp_size, minimum=1)
+
+
+def _sizes(**sizes) -> None:
+    """Each of Korthikanti's sizes (s, b, h, a, ...) an int >= 1: zero or negative bytes mean nothing."""
+    for name, value in sizes.items():
+        check_int(name, value, minimum=1)
 
 
 def _check(tp_size, sequence_parallel, recompute):
@@ -44,6 +50,7 @@ def activation_bytes(s: int, b: int, h: int, a: int, tp_size: int = 1, sequence_
     drops the 5as/h attention-core term; full keeps the layer input only: 2sbh (2sbh/t with SP).
     t = ``tp_size``; ``tp=`` and ``sp=`` are the earlier names, still accepted.
     """
+    _sizes(s=s, b=b, h=h, a=a)
     t = _degree(tp_size, tp)
     r = _check(t, sequence_parallel if sp is None else sp, recompute)
     if recompute == "full":
@@ -76,6 +83,8 @@ def model_activation_bytes(cfg, batch_size: int, tp_size: int = 1, sequence_para
     if cfg.dropout > 0:
         raise ValueError(f"cfg.dropout={cfg.dropout} must be 0: the tensor-parallel model refuses dropout")
     check_tp_size(tp_size, cfg.n_head, cfg.d_model, cfg.vocab_size)
+    if sequence_parallel:
+        check_seq_divisible(cfg.seq_len if seq_len is None else seq_len, tp_size)
     one = chapter1_activation_bytes(cfg, batch_size, seq_len, dtype_bytes=dtype_bytes, device_type=device_type)
     b, s = batch_size, cfg.seq_len if seq_len is None else seq_len
     h, a, V, e, t = cfg.d_model, cfg.n_head, cfg.vocab_size, dtype_bytes, tp_size
@@ -149,6 +158,7 @@ def collectives_per_step(n_layer: int, sequence_parallel: bool = False, embeddin
 def layer_flops(s: int, b: int, h: int, tp_size: int = 1, *, tp: int | None = None) -> float:
     """Training FLOPs of one layer per rank: 3 (24 b s h² + 4 b s² h) / t (forward, and backward
     twice the forward; Narayanan et al. 2021, Section 5.1). ``tp=``: tp_size's earlier name."""
+    _sizes(s=s, b=b, h=h)
     t = _degree(tp_size, tp)
     return 3 * (24 * b * s * h * h + 4 * b * s * s * h) / t
 
@@ -161,6 +171,7 @@ def layer_comm_bytes(s: int, b: int, h: int, tp_size: int | None = None, dtype_b
     the same four as reduce-scatter + all-gather pairs, (t-1)/t each, plus the backward's two
     re-gathers of the saved input shards: 10 (t-1)/t sbh e instead of 8 (t-1)/t sbh e.
     """
+    _sizes(s=s, b=b, h=h, dtype_bytes=dtype_bytes)
     t = _degree(tp_size, tp)
     check_flag("sequence_parallel", sequence_parallel)
     halves = 10 if sequence_parallel else 8  # all-gathers and reduce-scatters; an all-reduce is two

@@ -19,8 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..collectives import broadcast_from_rank0, check_same_across_ranks, group_src
+from ..model import check_gpt2_block
 from ..validate import check_choice, check_int
-from .comm import GroupRef, check_flag, check_seq_divisible, gather_from_tp
+from .comm import GroupRef, check_flag, check_group, check_seq_divisible, gather_from_tp
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss
 from .sync import SequenceParallelGradSync, sync_sequence_parallel_grads
 
@@ -43,7 +44,7 @@ def check_tp_size(tp_size: int, n_head: int | None = None, d_model: int | None =
     """
     check_int("tp_size", tp_size, minimum=1)
     for name, value in (("n_head", n_head), ("d_model", d_model), ("vocab_size", vocab_size)):
-        if value is not None and value % tp_size:
+        if value is not None and check_int(name, value, minimum=1) % tp_size:
             hint = " (pad the vocabulary to a multiple of tp_size)" if name == "vocab_size" else ""
             raise ValueError(f"tp_size={tp_size} must divide {name}={value}{hint}")
 
@@ -80,9 +81,12 @@ class SequenceShardedEmbedding(nn.Embedding):
     """Position embeddings of this rank's positions only: pos (T,) or (B, T) -> (..., T/t, C)."""
 
     def __init__(self, embedding: nn.Embedding, group):
+        if not isinstance(embedding, nn.Embedding):
+            raise TypeError(f"embedding must be a torch.nn.Embedding, got {type(embedding).__name__}")
+        rank, t = check_group(group, "SequenceShardedEmbedding")
         super().__init__(embedding.num_embeddings, embedding.embedding_dim,
                          _weight=embedding.weight.detach().clone())  # given a weight: no init, no RNG draw
-        self.rank, self.tp_size = dist.get_rank(group), dist.get_world_size(group)
+        self.rank, self.tp_size = rank, t
         self.weight.sequence_parallel = True
 
     def forward(self, pos):
@@ -96,8 +100,16 @@ def _mark_sequence_parallel(module: nn.Module) -> None:
         p.sequence_parallel = True
 
 
+_PARTS = ("wte", "wpe", "blocks", "lm_head", "ln_f")  # what apply_tensor_parallel transforms
+
+
 def _check_shardable(model: nn.Module, t: int) -> None:
     """Refuse a model already sharded, a tp_size that does not divide its shapes, and dropout."""
+    if not isinstance(model, nn.Module) or not any(getattr(model, part, None) is not None for part in _PARTS):
+        raise TypeError(f"model ({type(model).__name__}) has none of {', '.join(_PARTS)}: expected a labkit GPT "
+                        "or a pipeline stage's part of one")
+    if getattr(model, "cfg", None) is not None:
+        check_gpt2_block(model.cfg, "apply_tensor_parallel")
     if getattr(model, "tp_size", None) is not None:
         raise ValueError(f"model is already tensor-parallel over tp_size={model.tp_size}; the group has "
                          f"size {t}: apply_tensor_parallel to the full model")
@@ -158,7 +170,7 @@ def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = Fal
     """
     sp = check_flag("sequence_parallel", sequence_parallel)
     check_choice("init_sync", init_sync, INIT_SYNCS)
-    t = dist.get_world_size(group)
+    t = check_group(group, "apply_tensor_parallel")[1]
     _check_shardable(model, t)
     _sync_initial_state(model, group, init_sync)
     wte, wpe = getattr(model, "wte", None), getattr(model, "wpe", None)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ..collectives import all_gather_flat, reduce_scatter_flat
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "reduce_scatter_to_sp", "gather_from_tp", "all_gather_seq",
-           "reduce_scatter_seq", "check_seq_divisible", "check_flag", "GroupRef"]
+           "reduce_scatter_seq", "check_seq_divisible", "check_flag", "check_group", "GroupRef"]
 
 
 def check_flag(name: str, value) -> bool:
@@ -26,6 +26,22 @@ def check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name}={value!r} must be True or False")
     return value
+
+
+def check_group(group, what: str) -> tuple[int, int]:
+    """(rank, tp_size) of this process in ``group`` (None: the default group), or a clear error:
+    torch.distributed not started, a group that is not a ProcessGroup, a rank outside the group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"{what} needs torch.distributed started on every rank (labkit.dist.launch, "
+                         "torchrun or init_process_group) before it is called")
+    outside = type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER  # new_group's answer there
+    if group is not None and not outside and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group={group!r} must be a torch.distributed ProcessGroup or None (the default group)")
+    rank = -1 if outside else dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(f"{what}: this process (global rank {dist.get_rank()}) is not a member of group; "
+                         "call it only on the ranks of the group")
+    return rank, dist.get_world_size(group)
 
 
 class GroupRef:

@@ -16,9 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
-from .comm import (GroupRef, all_gather_seq, check_flag, copy_to_tp, reduce_from_tp, reduce_scatter_seq,
-                   reduce_scatter_to_sp)
+from ..validate import check_int
+from .comm import (GroupRef, all_gather_seq, check_flag, check_group, copy_to_tp, reduce_from_tp,
+                   reduce_scatter_seq, reduce_scatter_to_sp)
 
 __all__ = ["shard_indices", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
            "vocab_parallel_cross_entropy", "VocabParallelLoss"]
@@ -29,22 +31,28 @@ def shard_indices(n: int, rank: int, tp_size: int, chunks: int = 1, name: str = 
 
     Rank r takes the r-th 1/t of every block: for c_attn, its heads' rows of q, of k and of v.
     """
+    check_int(name, n, minimum=1)
+    check_int("tp_size", tp_size, minimum=1)
+    check_int("rank", rank, minimum=0, maximum=tp_size - 1)  # -1 would take the last rank's rows
+    check_int("chunks", chunks, minimum=1)
     if n % (chunks * tp_size):
         raise ValueError(f"tp_size={tp_size} must divide {name}={n // chunks}")
     return torch.arange(n).view(chunks, tp_size, n // (chunks * tp_size))[:, rank].reshape(-1)
 
 
-def _group_info(group):
-    return dist.get_rank(group), dist.get_world_size(group)
+def _check_module(name: str, module, kind) -> None:
+    if not isinstance(module, kind):
+        raise TypeError(f"{name} must be a torch.nn.{kind.__name__}, got {type(module).__name__}")
 
 
 class _GroupHolder(nn.Module):
     """A module that communicates over ``self.group`` (kept in a :class:`GroupRef`)."""
 
     def _hold(self, group, sequence_parallel):
-        self._group = GroupRef(group)
         self.sequence_parallel = check_flag("sequence_parallel", sequence_parallel)
-        return _group_info(group)
+        info = check_group(group, type(self).__name__)
+        self._group = GroupRef(group)
+        return info
 
     @property
     def group(self):
@@ -85,6 +93,7 @@ class ColumnParallelLinear(_GroupHolder):
     def __init__(self, linear: nn.Linear, group, *, chunks: int = 1, sequence_parallel: bool = False,
                  name: str = "out_features"):
         super().__init__()
+        _check_module("linear", linear, nn.Linear)
         rank, self.tp_size = self._hold(group, sequence_parallel)
         rows = shard_indices(linear.out_features, rank, self.tp_size, chunks, name)
         self.in_features, self.out_features = linear.in_features, rows.numel()
@@ -106,6 +115,7 @@ class RowParallelLinear(_GroupHolder):
 
     def __init__(self, linear: nn.Linear, group, *, sequence_parallel: bool = False, name: str = "in_features"):
         super().__init__()
+        _check_module("linear", linear, nn.Linear)
         rank, self.tp_size = self._hold(group, sequence_parallel)
         cols = shard_indices(linear.in_features, rank, self.tp_size, 1, name)
         self.in_features, self.out_features = cols.numel(), linear.out_features
@@ -128,6 +138,7 @@ class VocabParallelEmbedding(_GroupHolder):
 
     def __init__(self, embedding: nn.Embedding, group, *, sequence_parallel: bool = False):
         super().__init__()
+        _check_module("embedding", embedding, nn.Embedding)
         rank, self.tp_size = self._hold(group, sequence_parallel)
         V = embedding.num_embeddings
         rows = shard_indices(V, rank, self.tp_size, 1, "vocab_size")
@@ -135,11 +146,32 @@ class VocabParallelEmbedding(_GroupHolder):
         self.weight = nn.Parameter(embedding.weight.detach()[rows].clone())  # (V/t, C)
 
     def forward(self, idx):
+        V = self.num_embeddings * self.tp_size
+        if idx.numel() and not (idx.is_meta or is_fake(idx)):  # an id no rank holds would embed as 0
+            lo, hi = (int(x) for x in idx.aminmax())
+            if lo < 0 or hi >= V:
+                raise ValueError(f"token id {lo if lo < 0 else hi} is outside [0, vocab_size={V})")
         local = idx - self.vocab_start  # (B, T)
         outside = (local < 0) | (local >= self.num_embeddings)  # (B, T) bool
         out = F.embedding(local.masked_fill(outside, 0), self.weight)  # (B, T, C)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)  # ids of other ranks contribute 0
         return reduce_scatter_to_sp(out, self.group) if self.sequence_parallel else reduce_from_tp(out, self.group)
+
+
+def _max_and_check_start(logits, group, vocab_start):
+    """The row max over every rank's columns (N,), with one more element: whether some rank's
+    ``vocab_start`` is not rank * V/t. Every rank learns it from the same all-reduce and raises
+    with the others, so a rank given a wrong start cannot leave the rest waiting."""
+    rank, Vt = dist.get_rank(group), logits.size(-1)
+    ok = isinstance(vocab_start, int) and not isinstance(vocab_start, bool) and vocab_start == rank * Vt
+    m = logits.max(dim=-1).values  # (N,)
+    m = torch.cat([m, torch.tensor([0.0 if ok else 1.0], dtype=m.dtype, device=m.device)])  # (N + 1,)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    if m[-1].item():
+        raise ValueError(f"vocab_start={vocab_start!r} on rank {rank} (rank * V/t = {rank * Vt}), or on another "
+                         "rank of the group, is not rank * V/t: the ranks' columns must tile [0, V) in rank "
+                         "order, or a target would be counted by no rank or by two")
+    return m[:-1]
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -151,8 +183,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_start, ignore_index):
         Vt = logits.size(-1)
-        m = logits.max(dim=-1).values  # (N,)
-        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        m = _max_and_check_start(logits, group, vocab_start)  # (N,), over the whole vocabulary
         z = logits - m.unsqueeze(-1)  # (N, V/t)
         local = targets - vocab_start  # (N,)
         hit = (local >= 0) & (local < Vt) & (targets != ignore_index)  # (N,) this rank holds the target
@@ -208,7 +239,14 @@ def vocab_parallel_cross_entropy(logits, targets, group, vocab_start: int, ignor
     logits never exist on any rank (Shoeybi et al. 2019, Section 3). Targets outside [0, V)
     other than ``ignore_index``, or all of them ignored, raise ValueError as the model's loss does.
     """
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
+        what = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise TypeError(f"targets must be an integer tensor of token ids, got {what}")
+    if targets.dim() != 2 or tuple(logits.shape[:-1]) != tuple(targets.shape):
+        raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} must be (B, T, V/t) "
+                         "and (B, T): one target per position")
+    t = check_group(group, "vocab_parallel_cross_entropy")[1]  # vocab_start: checked on every rank at once
     B, T = targets.shape
-    _check_targets(targets, logits.size(-1) * dist.get_world_size(group), ignore_index)
+    _check_targets(targets, logits.size(-1) * t, ignore_index)
     return _VocabParallelCrossEntropy.apply(logits.reshape(B * T, -1), targets.reshape(B * T), group,
                                             vocab_start, ignore_index)
