@@ -175,9 +175,9 @@ def test_the_3d_grid_places_tensor_innermost_and_data_outermost():
 
 @pytest.mark.parametrize("call, match", [
     (lambda: mesh_coords(8, 2, 2, 2), "rank=8"),
-    (lambda: mesh_coords(0, 0, 2, 2), "dp=0"),
+    (lambda: mesh_coords(0, 0, 2, 2), "dp_size=0"),
     (lambda: train_3d(0, 8, 2, 2, 1), "world_size=8"),
-    (lambda: train_3d(0, 4, 2, 1, 2, m=3), "global_batch=8"),
+    (lambda: train_3d(0, 4, 2, 1, 2, num_microbatches=3), "global_batch=8"),
     (lambda: train_3d(0, 4, 2, 1, 2, sequence_parallel=True), "sequence_parallel=True"),
 ])
 def test_bad_3d_input_names_the_argument(call, match):

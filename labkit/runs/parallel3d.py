@@ -32,13 +32,13 @@ from .pipeline import make_batch, train_pipeline
 __all__ = ["mesh_coords", "train_3d", "reference_train", "parallel_3d_rank"]
 
 
-def mesh_coords(rank: int, dp: int, pp: int, tp: int) -> tuple[int, int, int]:
-    """(data replica, pipeline stage, tensor rank) of a global rank on the (dp, pp, tp) mesh."""
-    for name, value in (("dp", dp), ("pp", pp), ("tp", tp)):
+def mesh_coords(rank: int, dp_size: int, pp_size: int, tp_size: int) -> tuple[int, int, int]:
+    """(data replica, pipeline stage, tensor rank) of a global rank on the (N_d, p, t) mesh."""
+    for name, value in (("dp_size", dp_size), ("pp_size", pp_size), ("tp_size", tp_size)):
         check_int(name, value, 1)
-    check_int("rank", rank, 0, dp * pp * tp - 1)  # a rank of the dp x pp x tp grid
-    d, rest = divmod(rank, pp * tp)
-    return (d, *divmod(rest, tp))
+    check_int("rank", rank, 0, dp_size * pp_size * tp_size - 1)  # a rank of the N_d x p x t grid
+    d, rest = divmod(rank, pp_size * tp_size)
+    return (d, *divmod(rest, tp_size))
 
 
 def _batches(cfg, global_batch: int, steps: int, seed: int):
@@ -63,21 +63,23 @@ def reference_train(cfg="tiny", global_batch: int = 8, steps: int = 2, seed: int
     return losses, model
 
 
-def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: str = "1f1b", m: int = 2,
-             v: int = 1, *, sequence_parallel: bool = False, steps: int = 2, cfg="tiny",
+def train_3d(rank: int, world_size: int, dp_size: int, tp_size: int, pp_size: int, schedule: str = "1f1b",
+             num_microbatches: int = 2, v: int = 1, *, sequence_parallel: bool = False, steps: int = 2, cfg="tiny",
              global_batch: int = 8, seed: int = 0, lr: float = 0.1, dtype: torch.dtype = torch.float32) -> dict:
-    """Train ``steps`` SGD steps on the (dp, pp, tp) grid, the model in ``dtype``; this rank's view.
+    """Train ``steps`` SGD steps on the (N_d, p, t) grid with m micro-batches, in ``dtype``; this rank's view.
 
     Returns {"coords" (d, stage, tp rank), "losses" (per step, the replica's m micro-batch losses;
     on the last stage only), "params" {name: this rank's updated shard}, "model" (the sharded
     model), "mesh", "ranges" (the pipeline's layer ranges)}.
     """
+    dp, tp, pp, m = dp_size, tp_size, pp_size, num_microbatches  # N_d, t, p, m
     if dp * tp * pp != world_size:
-        raise ValueError(f"dp={dp} x tp={tp} x pp={pp} must equal world_size={world_size}")
+        raise ValueError(f"dp_size={dp} x tp_size={tp} x pp_size={pp} must equal world_size={world_size}")
     if global_batch % (dp * m):
-        raise ValueError(f"global_batch={global_batch} must split into dp={dp} replicas of m={m} micro-batches")
+        raise ValueError(f"global_batch={global_batch} must split into dp_size={dp} replicas of "
+                         f"num_microbatches={m} micro-batches")
     if sequence_parallel and tp == 1:
-        raise ValueError("sequence_parallel=True needs tp > 1")
+        raise ValueError("sequence_parallel=True needs tp_size > 1")
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     dev = rank_device()
     mesh = init_device_mesh(dev.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
@@ -115,7 +117,8 @@ def train_3d(rank: int, world_size: int, dp: int, tp: int, pp: int, schedule: st
 
 def parallel_3d_rank(rank: int, world_size: int, cases=(), steps: int = 2, cfg="tiny", global_batch: int = 8,
                      seed: int = 0, lr: float = 0.1, dtype: torch.dtype = torch.float32) -> dict:
-    """Run each case (dp, tp, pp, schedule, m, v, sequence_parallel) with :func:`train_3d`.
+    """Run each case with :func:`train_3d`: (dp_size, tp_size, pp_size, schedule, num_microbatches, v,
+    sequence_parallel).
 
     Returns {case: {"coords", "losses", "params", "names", "want", "start", "ref_losses"}}:
     ``names`` lists every parameter of the (sharded) model, held by this stage or not; ``want`` is
