@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .shapes import PRESETS as SHAPES
-from .shapes import ModelShape
+from .shapes import ModelShape, ShapeProperties
 from .data import check_ids, check_targets
 from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_causal_mask, make_norm
 from .layers import repeat_kv
@@ -30,7 +30,7 @@ __all__ = ["GPTConfig", "GPT", "AttentionCore", "KVCacheProtocol", "PRESETS", "g
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(ShapeProperties):
     """Model shape in the course's notation: L=n_layer, a=n_head, h=d_model, s=seq_len, V=vocab_size."""
 
     n_layer: int = 4
@@ -58,20 +58,6 @@ class GPTConfig:
         check_float("norm_eps", self.norm_eps, above=0.0)
         if self.pos == "rope" and self.head_dim % 2:
             raise ArgumentError(f"pos='rope' needs an even head_dim, not d_model/n_head={self.head_dim}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        """Key-value heads: n_kv_head, or n_head for multi-head attention."""
-        return self.n_head if self.n_kv_head is None else self.n_kv_head
-
-    @property
-    def ffn_dim(self) -> int:
-        """The MLP's inner width: d_ff, or 4 h."""
-        return 4 * self.d_model if self.d_ff is None else self.d_ff
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -14,11 +14,29 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from .validate import check_bool, check_choice, check_float, check_int
 
-__all__ = ["ModelShape", "PRESETS", "preset", "HF_CONFIG_FIELDS"]
+__all__ = ["ModelShape", "ShapeProperties", "PRESETS", "preset", "HF_CONFIG_FIELDS"]
+
+
+class ShapeProperties:
+    """What follows from a shape's fields: shared by :class:`ModelShape` and ``labkit.model.GPTConfig``."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """n_kv: key-value heads (n_head for multi-head attention)."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def ffn_dim(self) -> int:
+        """The MLP's inner width: ``d_ff``, or 4 h for GPT-2's block."""
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class ModelShape(ShapeProperties):
     """The shape of a decoder-only transformer in the course's notation (see the module docstring)."""
 
     n_layer: int
@@ -53,20 +71,6 @@ class ModelShape:
             raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
         if self.n_head % self.kv_heads:
             raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        """n_kv: key-value heads (n_head for multi-head attention)."""
-        return self.n_head if self.n_kv_head is None else self.n_kv_head
-
-    @property
-    def ffn_dim(self) -> int:
-        """The MLP's inner width: ``d_ff``, or 4 h for GPT-2's block."""
-        return 4 * self.d_model if self.d_ff is None else self.d_ff
 
     def layer_params(self) -> int:
         """Parameters of one block: attention, MLP and two norms."""
