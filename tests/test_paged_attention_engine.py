@@ -266,7 +266,7 @@ def test_more_bad_engine_input_raises_naming_it(model):
     engine = Engine(model, num_blocks=16, block_size=4)
     with pytest.raises(TypeError, match="requests must be a list of Request, got Request"):
         engine.serve(Request([1, 2], 2))  # once: "'Request' object is not iterable" from the scheduler
-    with pytest.raises(TypeError, match="progress='no' must be a bool"):
+    with pytest.raises(TypeError, match="progress='no' must be True or False"):
         engine.serve([Request([1, 2], 2)], progress="no")
     with pytest.raises(ValueError, match="beam_width=65 exceeds vocab_size=64"):
         engine.serve([Request([1, 2], 2, beam_width=65)])  # once: topk's "selected index k out of range"

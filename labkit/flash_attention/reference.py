@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..validate import check_int
+from ..validate import check_bool, check_int
 
 __all__ = ["check_inputs", "causal_mask", "standard_attention"]
 
@@ -42,8 +42,7 @@ def check_inputs(q, k, v, causal) -> None:
     if q.shape[-1] == 0 or q.shape[-2] == 0 or k.shape[-2] == 0:
         raise ValueError(f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}: "
                          "seq_len and head_dim must be positive")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal={causal!r} must be a bool")
+    check_bool("causal", causal)
     if causal and q.shape[-2] > k.shape[-2]:
         raise ValueError(f"causal=True with s_q={q.shape[-2]} > s_k={k.shape[-2]}: the causal mask is "
                          "bottom-right aligned (query i sees keys j <= i + s_k - s_q), so the first "
@@ -69,8 +68,7 @@ def standard_attention(q, k, v, causal: bool = False, *, return_lse: bool = Fals
     log-sum-exp L (..., s_q) of the scaled scores. Computes in the inputs' dtype (fp64 for a reference).
     """
     check_inputs(q, k, v, causal)
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse={return_lse!r} must be a bool")
+    check_bool("return_lse", return_lse)
     s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (..., s_q, s_k)
     if causal:
         s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..validate import check_int
+from ..validate import check_bool, check_int
 from .reference import check_inputs
 
 __all__ = ["FlashAttention", "IOCounter", "flash_attention"]
@@ -167,7 +167,6 @@ def flash_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k
     ``block_q`` and ``block_k`` are the paper's Br and Bc; ``return_lse`` also returns L (..., s_q).
     Causal masks are bottom-right aligned (see :mod:`labkit.flash_attention.reference`).
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse={return_lse!r} must be a bool")
+    check_bool("return_lse", return_lse)
     out, lse = FlashAttention.apply(q, k, v, causal, block_q, block_k, io)
     return (out, lse) if return_lse else out

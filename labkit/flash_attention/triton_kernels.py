@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from ..validate import check_bool
 from .reference import check_inputs
 
 try:
@@ -200,7 +201,6 @@ class FlashAttentionTriton(torch.autograd.Function):
 
 def flash_attention_triton(q, k, v, *, causal: bool = False, return_lse: bool = False):
     """FlashAttention-2 in Triton: q (..., s_q, d), k and v (..., s_k, d) -> (..., s_q, d)."""
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse={return_lse!r} must be a bool")
+    check_bool("return_lse", return_lse)
     out, lse = FlashAttentionTriton.apply(q, k, v, causal)
     return (out, lse) if return_lse else out

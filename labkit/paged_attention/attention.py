@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..validate import check_int
+from ..validate import check_bool, check_int
 
 __all__ = ["paged_attention", "write_kv", "slot_mapping"]
 
@@ -92,8 +92,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, *, check=Tr
     0..that position. Returns (B, nh, T, hs). ``check=False`` skips the range checks, which
     read the tables on the host: for a caller that has checked them once per step.
     """
-    if not isinstance(check, bool):
-        raise TypeError(f"check={check!r} must be a bool")
+    check_bool("check", check)
     _check_shapes(q, k_cache, v_cache, block_tables, context_lens)
     B, nh, T, hs = q.shape
     bs = k_cache.size(2)

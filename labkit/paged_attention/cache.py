@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..model import check_gpt2_block
-from ..validate import check_int
+from ..validate import check_bool, check_int
 from .allocator import BlockAllocator, OutOfBlocksError
 from .analytic import DEFAULT_BLOCK_SIZE
 from .attention import paged_attention, write_kv
@@ -52,9 +52,8 @@ class PagedKVCache:
                  device="cpu", dtype=torch.float32, store=True, prefix_sharing=True):
         for name, value in [("n_layer", n_layer), ("n_head", n_head), ("head_dim", head_dim)]:
             check_int(name, value, 1)
-        for name, value in [("store", store), ("prefix_sharing", prefix_sharing)]:
-            if not isinstance(value, bool):
-                raise TypeError(f"{name}={value!r} must be a bool")
+        check_bool("store", store)
+        check_bool("prefix_sharing", prefix_sharing)
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype: keys and values")
         self.allocator = BlockAllocator(num_blocks, block_size)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import check_gpt2_block
-from ..validate import check_int
+from ..validate import check_bool, check_int
 
 __all__ = ["KVCache", "generate"]
 
@@ -104,8 +104,7 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
     :class:`KVCache`; without it every step recomputes the whole sequence (the reference).
     """
     check_int("max_new_tokens", max_new_tokens, 0)
-    if not isinstance(use_cache, bool):
-        raise TypeError(f"use_cache={use_cache!r} must be a bool")
+    check_bool("use_cache", use_cache)
     if (not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.size(1) < 1
             or prompt.is_floating_point() or prompt.dtype == torch.bool):
         what = (f"a {prompt.dtype} tensor of shape {tuple(prompt.shape)}"

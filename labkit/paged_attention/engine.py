@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm  # a text bar: a widget would need JavaScript from a CDN in the book
 
-from ..validate import check_choice, check_int
+from ..validate import check_bool, check_choice, check_int
 from .analytic import DEFAULT_BLOCK_SIZE
 from .cache import PagedKVCache
 from .reservation import ContiguousAllocator, Waste
@@ -135,8 +135,7 @@ class Engine:
         """Serve ``requests`` (arrival in steps) to completion and return outputs and measurements.
 
         A failure part-way (an interrupt, a model error) releases every block the trace held."""
-        if not isinstance(progress, bool):
-            raise TypeError(f"progress={progress!r} must be a bool")
+        check_bool("progress", progress)
         if isinstance(requests, Request) or not hasattr(requests, "__iter__"):
             raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
         requests = list(requests)

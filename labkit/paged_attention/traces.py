@@ -15,16 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validate import check_int, check_positive
+from ..validate import check_float, check_int, check_positive
 from .sampling import Request
 
 __all__ = ["LengthDistribution", "SHAREGPT", "ALPACA", "synthetic_trace"]
-
-
-def _positive(x, zero_ok=False) -> bool:
-    """A finite real number (not a bool) above 0, or at least 0 with ``zero_ok``."""
-    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
-    return ok and math.isfinite(x) and (x >= 0 if zero_ok else x > 0)
 
 
 @dataclass(frozen=True)
@@ -36,11 +30,9 @@ class LengthDistribution:
     sigma: float = 1.0
 
     def __post_init__(self):
-        for name in ("mean_prompt", "mean_output", "sigma"):
-            value = getattr(self, name)
-            if not _positive(value, zero_ok=name == "sigma"):
-                raise ValueError(f"{name}={value!r} must be a finite number "
-                                 f"{'>= 0' if name == 'sigma' else '> 0'}")
+        check_positive("mean_prompt", self.mean_prompt)
+        check_positive("mean_output", self.mean_output)
+        check_float("sigma", self.sigma, 0.0)
 
     def draw(self, rng, size, scale=1.0):
         """(prompt lengths, output lengths), ints >= 1, means scaled by ``scale``."""

@@ -7,13 +7,10 @@ the last. With v chunks per rank the model is cut into v p virtual stages of equ
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch.nn as nn
 
 from ..model import check_gpt2_block
-from ..validate import check_int
+from ..validate import check_float, check_int
 
 
 def _check_block(model) -> None:
@@ -57,8 +54,7 @@ def _check_costs(costs, n_layer: int) -> None:
         raise ValueError(f"costs has {len(costs)} entries; it needs n_layer={n_layer} finite, "
                          "non-negative numbers")
     for i, c in enumerate(costs):
-        if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c) or c < 0:
-            raise ValueError(f"costs[{i}]={c!r} must be a finite, non-negative number")
+        check_float(f"costs[{i}]", c, 0.0)
 
 
 def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None = None) -> list[tuple[int, int]]:

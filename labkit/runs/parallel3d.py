@@ -25,7 +25,7 @@ from ..collectives import all_reduce_mean_
 from ..dist import rank_device
 from ..model import build_model, get_preset
 from ..pipeline import check_same_model, split_stages
-from ..tensor_parallel import apply_tensor_parallel, sync_sequence_parallel_grads
+from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_int
 from .pipeline import make_batch, train_pipeline
 
@@ -102,8 +102,6 @@ def train_3d(rank: int, world_size: int, dp_size: int, tp_size: int, pp_size: in
                              batch=(x[rows].to(dev), y[rows].to(dev)), ranges=ranges, loss_fn=model.loss,
                              act_shape=(global_batch // (dp * m), seq, cfg.d_model), check_init=False,
                              count_saved=False)  # the tied embedding's gradient is summed in the step
-        if sequence_parallel:
-            sync_sequence_parallel_grads(model, tp_group)
         if held is None:  # the parameters of this stage: those that received a gradient
             held = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
             opt = torch.optim.SGD([p for _, p in held], lr=lr)

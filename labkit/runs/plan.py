@@ -73,14 +73,6 @@ class NoPlanFits(ValueError):
         self.closest = closest
 
 
-def _check_fraction(name: str, value, top: float = 1.0) -> float:
-    """A real number in (0, top]: efficiencies and memory fractions are shares of a whole."""
-    return check_float(name, value, maximum=top, above=0.0)
-
-
-_check_positive = check_positive
-
-
 def _layer_bytes(cfg: GPTConfig, b: int, t: int, recompute: str, sp: bool) -> tuple[float, float]:
     """(bytes kept per layer per micro-batch, bytes of one layer recomputed in full)."""
     s, h, a = cfg.seq_len, cfg.d_model, cfg.n_head
@@ -169,11 +161,11 @@ def _check_plan_args(n_gpus, gpus_per_node, global_batch, efficiency, network_gb
     """Each argument of :func:`plan_parallelism` checked, named in the error."""
     for name, value in (("n_gpus", n_gpus), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch)):
         check_int(name, value, 1)
-    _check_fraction("efficiency", efficiency)  # a share of the dense peak: MFU cannot pass 1
-    _check_fraction("memory_fraction", memory_fraction)  # a share of the GPU's memory
-    _check_positive("network_gbps", network_gbps)
+    check_float("efficiency", efficiency, maximum=1.0, above=0.0)  # a share of the dense peak: MFU cannot pass 1
+    check_float("memory_fraction", memory_fraction, maximum=1.0, above=0.0)  # a share of the GPU's memory
+    check_positive("network_gbps", network_gbps)
     if nvlink_gbps is not None:
-        _check_positive("nvlink_gbps", nvlink_gbps)
+        check_positive("nvlink_gbps", nvlink_gbps)
     for name, values, valid in (("micro_batches", micro_batches, None), ("interleave", interleave, None),
                                 ("zero_stages", zero_stages, tuple(_STATE_BYTES)),
                                 ("recompute", recompute, RECOMPUTE),

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from ..memory.analytic import ActivationBytes
 from ..memory.analytic import activation_bytes as chapter1_activation_bytes
-from ..validate import check_choice, check_int
+from ..validate import check_bool, check_choice, check_int
 from .apply import check_tp_size
-from .comm import check_flag, check_seq_divisible
+from .comm import check_seq_divisible
 
 __all__ = ["RECOMPUTE", "activation_bytes", "model_activation_bytes", "params_per_rank",
            "collectives_per_layer", "collectives_per_step", "layer_flops", "layer_comm_bytes"]
@@ -37,7 +37,7 @@ def _sizes(**sizes) -> None:
 
 def _check(tp_size, sequence_parallel, recompute):
     check_int("tp_size", tp_size, minimum=1)
-    check_flag("sequence_parallel", sequence_parallel)
+    check_bool("sequence_parallel", sequence_parallel)
     check_choice("recompute", recompute, RECOMPUTE)
     return tp_size if sequence_parallel else 1  # what the LayerNorm / dropout regions are divided by
 
@@ -117,7 +117,7 @@ def collectives_per_layer(sequence_parallel: bool = False) -> dict:
     parallel: an all-gather in and a reduce-scatter out of each region forward, their
     transposes backward, plus an all-gather of each saved input shard for the weight gradient.
     """
-    if check_flag("sequence_parallel", sequence_parallel):
+    if check_bool("sequence_parallel", sequence_parallel):
         return {"forward": {"all_gather": 2, "reduce_scatter": 2},
                 "backward": {"all_gather": 4, "reduce_scatter": 2}}
     return {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
@@ -130,7 +130,7 @@ def collectives_per_step(n_layer: int, sequence_parallel: bool = False, embeddin
     sequence parallelism, one all-reduce of the replicated parameters' gradients."""
     check_int("n_layer", n_layer, minimum=1)
     for name, flag in (("sequence_parallel", sequence_parallel), ("embedding", embedding), ("head", head)):
-        check_flag(name, flag)
+        check_bool(name, flag)
     total: dict = {}
 
     def add(kind, n):
@@ -173,6 +173,6 @@ def layer_comm_bytes(s: int, b: int, h: int, tp_size: int | None = None, dtype_b
     """
     _sizes(s=s, b=b, h=h, dtype_bytes=dtype_bytes)
     t = _degree(tp_size, tp)
-    check_flag("sequence_parallel", sequence_parallel)
+    check_bool("sequence_parallel", sequence_parallel)
     halves = 10 if sequence_parallel else 8  # all-gathers and reduce-scatters; an all-reduce is two
     return halves * (t - 1) / t * s * b * h * dtype_bytes

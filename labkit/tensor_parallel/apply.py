@@ -20,8 +20,8 @@ import torch.nn.functional as F
 
 from ..collectives import broadcast_from_rank0, check_same_across_ranks, group_src
 from ..model import check_gpt2_block
-from ..validate import check_choice, check_int
-from .comm import GroupRef, check_flag, check_group, check_seq_divisible, gather_from_tp
+from ..validate import check_bool, check_choice, check_int
+from .comm import GroupRef, check_group, check_seq_divisible, gather_from_tp
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss
 from .sync import SequenceParallelGradSync, sync_sequence_parallel_grads
 
@@ -168,7 +168,7 @@ def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = Fal
     (head; ``model.loss`` becomes the vocabulary-parallel loss). ``init_sync``: see ``INIT_SYNCS``;
     the first forward also checks that the ranks see the same batch. Needs dropout 0.
     """
-    sp = check_flag("sequence_parallel", sequence_parallel)
+    sp = check_bool("sequence_parallel", sequence_parallel)
     check_choice("init_sync", init_sync, INIT_SYNCS)
     t = check_group(group, "apply_tensor_parallel")[1]
     _check_shardable(model, t)

@@ -18,14 +18,7 @@ import torch.distributed as dist
 from ..collectives import all_gather_flat, reduce_scatter_flat
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "reduce_scatter_to_sp", "gather_from_tp", "all_gather_seq",
-           "reduce_scatter_seq", "check_seq_divisible", "check_flag", "check_group", "GroupRef"]
-
-
-def check_flag(name: str, value) -> bool:
-    """Return ``value`` if it is True or False: a string such as "no" is not taken as a bool."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} must be True or False")
-    return value
+           "reduce_scatter_seq", "check_seq_divisible", "check_group", "GroupRef"]
 
 
 def check_group(group, what: str) -> tuple[int, int]:

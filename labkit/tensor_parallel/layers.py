@@ -18,8 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 
-from ..validate import check_int
-from .comm import (GroupRef, all_gather_seq, check_flag, check_group, copy_to_tp, reduce_from_tp,
+from ..validate import check_bool, check_int
+from .comm import (GroupRef, all_gather_seq, check_group, copy_to_tp, reduce_from_tp,
                    reduce_scatter_seq, reduce_scatter_to_sp)
 
 __all__ = ["shard_indices", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
@@ -49,7 +49,7 @@ class _GroupHolder(nn.Module):
     """A module that communicates over ``self.group`` (kept in a :class:`GroupRef`)."""
 
     def _hold(self, group, sequence_parallel):
-        self.sequence_parallel = check_flag("sequence_parallel", sequence_parallel)
+        self.sequence_parallel = check_bool("sequence_parallel", sequence_parallel)
         info = check_group(group, type(self).__name__)
         self._group = GroupRef(group)
         return info
