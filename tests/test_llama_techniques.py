@@ -23,7 +23,7 @@ from labkit.memory import measure_forward_backward
 from labkit.model import GPTConfig, build_model
 from labkit.runs.pipeline import reference_grads
 from labkit.runs.tensor_parallel import make_batch
-from labkit.tensor_parallel import check_tp_size
+from labkit.tensor_parallel import check_tp_size, shard_indices
 from llama_workers import llama_checks
 
 # t = 2 and 4 both divide n_head = 8, n_kv_head = 4, d_ff = 96 and the vocabulary
@@ -86,6 +86,14 @@ def test_tp_refuses_a_t_that_does_not_divide_n_kv_head(runs):
         check_tp_size(4, n_head=8, n_kv_head=2)
     with pytest.raises(ValueError, match=r"tp_size=4 must divide d_ff=90"):
         check_tp_size(4, d_ff=90)
+
+
+def test_shard_indices_take_each_ranks_query_and_key_value_heads():
+    # c_attn of 4 query heads and 2 key-value heads of 2 rows each: q rows 0-7, k 8-11, v 12-15
+    assert shard_indices(16, 1, 2, chunks=(8, 4, 4)).tolist() == [4, 5, 6, 7, 10, 11, 14, 15]
+    assert torch.equal(shard_indices(12, 1, 2, chunks=(4, 4, 4)), shard_indices(12, 1, 2, chunks=3))
+    with pytest.raises(ValueError, match=r"chunks=\(8, 2, 2\) must sum to n=12 and each be divisible by tp_size=4"):
+        shard_indices(12, 0, 4, chunks=(8, 2, 2))
 
 
 def test_tp_generation_with_rotary_positions_through_the_kv_cache(runs):
