@@ -118,6 +118,11 @@ def test_tp_generation_with_rotary_positions_through_the_kv_cache(runs):
         assert torch.equal(gen["cached"], ref["want"])  # the cache's offsets are the rotary positions
 
 
+def test_checkpointing_a_tensor_parallel_llama_model_recomputes_exactly(runs):
+    for r in runs:  # selective: the core of this rank's heads; full: the blocks with their collectives
+        assert r["checkpointed"] == {"none": True, "selective": True, "full": True}
+
+
 # float64: the pipeline reassociates the batch mean over micro-batches, ~1e-16 relative; a lost or
 # doubled micro-batch, or a wrongly summed (here: absent) tied gradient, is ~1e-3 or more
 RTOL, ATOL = 1e-9, 1e-12
