@@ -24,7 +24,7 @@ LABKIT = ROOT / "labkit"
 TECHNIQUES = ("zero", "checkpoint", "accumulate", "tensor_parallel", "pipeline", "flash_attention",
               "paged_attention")
 # The only modules whose job is to compose techniques: what a lab's ranks run, 3D parallelism.
-COMPOSING = ("runs",)
+COMPOSING = ("runs", "parallel")
 MAX_LINES = 300
 
 

@@ -1,7 +1,8 @@
 """Data x tensor x pipeline parallelism (Chapter 6): labkit's GPT trained on a (N_d, p, t) grid.
 
-The ranks form a ``DeviceMesh`` of shape (dp, pp, tp), tensor parallelism innermost (consecutive
-ranks: inside a node), the pipeline next, data parallelism outermost. Every rank builds the same
+The ranks form the ``DeviceMesh`` of :class:`labkit.parallel.ParallelDims` (axes dp, pp, cp, tp; cp of
+size 1 here), tensor parallelism innermost (consecutive ranks: inside a node), the pipeline next,
+data parallelism outermost. Every rank builds the same
 seeded model, cuts its pipeline ranges, shards it over its "tp" group with
 :func:`labkit.tensor_parallel.apply_tensor_parallel` and keeps the chunks of its stage. A step:
 the replica's share of the global batch through the pipeline schedule (tensor-parallel
@@ -19,26 +20,17 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
 
 from ..collectives import all_reduce_mean_
 from ..dist import rank_device
 from ..model import build_model, get_preset
+from ..parallel import ParallelDims
 from ..pipeline import check_same_model, split_stages
 from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_int
 from .pipeline import make_batch, train_pipeline
 
-__all__ = ["mesh_coords", "train_3d", "reference_train", "parallel_3d_rank"]
-
-
-def mesh_coords(rank: int, dp_size: int, pp_size: int, tp_size: int) -> tuple[int, int, int]:
-    """(data replica, pipeline stage, tensor rank) of a global rank on the (N_d, p, t) mesh."""
-    for name, value in (("dp_size", dp_size), ("pp_size", pp_size), ("tp_size", tp_size)):
-        check_int(name, value, 1)
-    check_int("rank", rank, 0, dp_size * pp_size * tp_size - 1)  # a rank of the N_d x p x t grid
-    d, rest = divmod(rank, pp_size * tp_size)
-    return (d, *divmod(rest, tp_size))
+__all__ = ["train_3d", "reference_train", "parallel_3d_rank"]
 
 
 def _batches(cfg, global_batch: int, steps: int, seed: int):
@@ -73,8 +65,8 @@ def train_3d(rank: int, world_size: int, dp_size: int, tp_size: int, pp_size: in
     model), "mesh", "ranges" (the pipeline's layer ranges)}.
     """
     dp, tp, pp, m = dp_size, tp_size, pp_size, num_microbatches  # N_d, t, p, m
-    if dp * tp * pp != world_size:
-        raise ValueError(f"dp_size={dp} x tp_size={tp} x pp_size={pp} must equal world_size={world_size}")
+    dims = ParallelDims(dp_size=dp, tp_size=tp, pp_size=pp)
+    dims.check_world_size(world_size)
     if global_batch % (dp * m):
         raise ValueError(f"global_batch={global_batch} must split into dp_size={dp} replicas of "
                          f"num_microbatches={m} micro-batches")
@@ -82,9 +74,9 @@ def train_3d(rank: int, world_size: int, dp_size: int, tp_size: int, pp_size: in
         raise ValueError("sequence_parallel=True needs tp_size > 1")
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     dev = rank_device()
-    mesh = init_device_mesh(dev.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-    d, stage, r = mesh_coords(rank, dp, pp, tp)
-    pp_ranks = mesh.mesh[d, :, r].tolist()  # the global ranks of this rank's pipeline
+    mesh = dims.build_mesh(dev.type)
+    d, stage, _, r = dims.coords(rank)
+    pp_ranks = [dims.rank_of(dp=d, pp=s, tp=r) for s in range(pp)]  # the global ranks of this rank's pipeline
     tp_group, pp_group, dp_group = (mesh.get_group(n) for n in ("tp", "pp", "dp"))
     torch.manual_seed(seed)
     model = build_model(cfg).to(dev, dtype)
