@@ -21,9 +21,10 @@ from ..data import load_corpus
 from ..dist import CommCounter, rank_device
 from ..memory.meter import MemoryMeter, optimizer_tensors, train_step
 from ..model import Block, count_params
+from ..data_parallel import DataParallelBucketed, DataParallelNaive
 from ..validate import check_int
-from ..zero import (DataParallelBucketed, DataParallelNaive, FullyShardedModule, OffloadOptimizer,
-                    ShardedGradOptimizer, ShardedOptimizer, load_sharded, save_sharded)
+from ..zero import (FullyShardedModule, OffloadOptimizer, ShardedGradOptimizer, ShardedOptimizer, load_sharded,
+                    save_sharded)
 from .zero_reference import adam_agreement, make_model, rank_batch, reference_run
 
 __all__ = ["BUILDERS", "KINDS", "RESUMABLE", "STAGE", "Built", "adam_agreement", "build", "make_model", "rank_batch",

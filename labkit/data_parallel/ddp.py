@@ -17,10 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..collectives import all_reduce_mean_
+from ..collectives import FinishAfterBackward, all_reduce_mean_, buckets_by_numel, sync_initial_state
 from ..validate import check_int
-from .comm import FinishAfterBackward, sync_initial_state
-from .flat import buckets_by_numel
 
 __all__ = ["DataParallelNaive", "DataParallelBucketed"]
 
