@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the exports are, for readers and type checkers; loaded lazily below
     from .dims import AXES, MeshCoords, ParallelDims
+    from .parallelize import CHECKPOINTS, ParallelModel, parallelize_gpt
 
-__all__ = ["AXES", "MeshCoords", "ParallelDims"]
+__all__ = ["AXES", "MeshCoords", "ParallelDims", "CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
 
-_WHERE = {"AXES": "dims", "MeshCoords": "dims", "ParallelDims": "dims"}
+_WHERE = {"AXES": "dims", "MeshCoords": "dims", "ParallelDims": "dims", "CHECKPOINTS": "parallelize",
+          "ParallelModel": "parallelize", "parallelize_gpt": "parallelize"}
 
 
 def __getattr__(name: str):
