@@ -157,6 +157,8 @@ def _stage_estimate(shape, stage, dp, tp, pp, cp, *, seq_len, micro_batch, zero_
     if zero_stage == 3 and dp * cp > 1:  # one layer's parameters gathered whole, and their gradients
         one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, optimizer)
         transient += one.params + one.grads
+    if stage < pp - 1:  # each micro-batch's output, sent on and kept until its backward (b s h, /t with SP)
+        activations += in_flight * s * b * shape.d_model * e // (t if sequence_parallel else 1)
     if stage == pp - 1:  # the final norm and the loss's log-softmax (b s V/t), kept; the logits
         activations += in_flight * head_bytes(s, b, shape.d_model, shape.vocab_size, norm=shape.norm,
                                               dtype_bytes=e, tp_size=t, sequence_parallel=sequence_parallel)
