@@ -100,6 +100,12 @@ def training_memory(shape, *, seq_len: int, micro_batch: int, dims=None, zero_st
     dp x cp ranks that hold the same parameters; context parallelism divides the sequence.
     ``precision``: one of :data:`PRECISIONS`; ``offload``: the gradients and optimizer states
     live on the CPU (ZeRO-Offload), the GPU keeps the parameters.
+
+    Activations are those of labkit's model, whose attention materialises the (a, s, s) scores
+    (the 5as/h term): selective recomputation drops them, as a FlashAttention kernel would.
+    Model states are exact, for one flat group per rank padded as ZeRO pads; torch's Adam also
+    keeps a 4-byte step count per tensor, on the host unless the optimizer is fused, not counted.
+    ``transient`` is an estimate (the meter's peak is not compared with ``total``).
     """
     shape = as_shape(shape)
     dp, tp, pp, cp = _degrees(dims)
