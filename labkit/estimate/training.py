@@ -105,7 +105,9 @@ def training_memory(shape, *, seq_len: int, micro_batch: int, dims=None, zero_st
     (the 5as/h term): selective recomputation drops them, as a FlashAttention kernel would.
     Model states are exact, for one flat group per rank padded as ZeRO pads; torch's Adam also
     keeps a 4-byte step count per tensor, on the host unless the optimizer is fused, not counted.
-    ``transient`` is an estimate (the meter's peak is not compared with ``total``).
+    ``transient`` is an estimate (the meter's peak is not compared with ``total``); it counts no
+    communication bucket, since labkit's bucketed data parallelism makes the gradients views of
+    its buckets (torch's DDP copies into 25 MB buckets: add them for it).
     """
     shape = as_shape(shape)
     dp, tp, pp, cp = _degrees(dims)
