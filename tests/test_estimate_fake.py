@@ -8,8 +8,9 @@ ranks see the same batch, that each target id and each rank's vocabulary start a
 cannot run on fake tensors; they are switched off here, and the vocabulary-parallel loss keeps
 its max all-reduce. The model is built on the meta device, sharded, then given fake storage.
 
-The test runs 4 of Llama-2-7B's 32 layers (full width, 4,096 tokens) to stay short;
-``python tests/test_estimate_fake.py 32`` measures all 32 (scripts/bench_estimate.py prints it).
+The test runs 4 layers of Llama-2-7B and of Llama-2-70B (full width, 4,096 tokens) to stay
+short; ``python tests/test_estimate_fake.py llama-2-7b 32 2 2`` measures all 32 of 7B's
+(scripts/bench_estimate.py --fake-layers 32 prints the table).
 Each case runs in a fresh interpreter, so the fake process group touches no other test.
 """
 
@@ -28,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SEQ = 4096
 
 
-def measure(n_layer: int, tp: int, pp: int, seq_len: int = SEQ) -> dict:
-    """One rank (tensor rank 0, pipeline stage 0) of Llama-2-7B with ``n_layer`` layers: bytes the
+def measure(name: str, n_layer: int, tp: int, pp: int, seq_len: int = SEQ) -> dict:
+    """One rank (tensor rank 0, pipeline stage 0) of preset ``name`` with ``n_layer`` layers: bytes the
     tracker counts after one micro-batch's forward (activations) and after backward and an AdamW
     step (model states), and the micro-batches stage 0 holds at once under 1F1B."""
     import torch
@@ -52,7 +53,7 @@ def measure(n_layer: int, tp: int, pp: int, seq_len: int = SEQ) -> dict:
         return m
 
     tp_layers._max_and_check_start = max_only
-    cfg = get_preset("llama-2-7b", n_layer=n_layer)
+    cfg = get_preset(name, n_layer=n_layer)
     model = build_model(cfg, device="meta", dtype=torch.bfloat16)
     if tp > 1:
         apply_tensor_parallel(model, None, init_sync=None)
@@ -81,21 +82,25 @@ def measure(n_layer: int, tp: int, pp: int, seq_len: int = SEQ) -> dict:
             "n_tensors": len(list(part.parameters()))}
 
 
-def _run(n_layer: int, tp: int, pp: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, str(n_layer), str(tp), str(pp)], capture_output=True,
+def _run(name: str, n_layer: int, tp: int, pp: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, name, str(n_layer), str(tp), str(pp)], capture_output=True,
                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("tp, pp", [(2, 1), (2, 2)], ids=["tp2", "tp2-pp2"])
-def test_one_rank_of_llama_2_7b_under_fake_tensors(tp, pp):
+# Llama-2-70B at t = 8 leaves each rank one of its 8 key-value heads (grouped-query attention).
+CASES = [("llama-2-7b", 2, 1), ("llama-2-7b", 2, 2), ("llama-2-70b", 8, 1)]
+
+
+@pytest.mark.parametrize("name, tp, pp", CASES, ids=["7b-tp2", "7b-tp2-pp2", "70b-tp8"])
+def test_one_rank_under_fake_tensors(name, tp, pp):
     from labkit.estimate import training_memory
     from labkit.shapes import preset
 
     n_layer = 4
-    got = _run(n_layer, tp, pp)
-    shape = preset("llama-2-7b").replace(n_layer=n_layer)
+    got = _run(name, n_layer, tp, pp)
+    shape = preset(name).replace(n_layer=n_layer)
     dims = SimpleNamespace(dp_size=1, tp_size=tp, pp_size=pp, cp_size=1)
     est = training_memory(shape, seq_len=SEQ, micro_batch=1, dims=dims, precision="bf16",
                           num_microbatches=2 * pp)
@@ -106,6 +111,6 @@ def test_one_rank_of_llama_2_7b_under_fake_tensors(tp, pp):
     assert abs(got["activations"] / est.activations - 1) < 0.03, (got["activations"], est.activations)
 
 
-if __name__ == "__main__":
-    layers, t, p = (int(a) for a in (sys.argv[1:] + ["2", "1"])[:3]) if len(sys.argv) > 1 else (32, 2, 1)
-    print(json.dumps(measure(layers, t, p)))
+if __name__ == "__main__":  # python tests/test_estimate_fake.py [preset [n_layer [tp [pp]]]]
+    args = sys.argv[1:] + ["llama-2-7b", "32", "2", "1"][len(sys.argv) - 1:]
+    print(json.dumps(measure(args[0], *(int(a) for a in args[1:4]))))
