@@ -97,7 +97,8 @@ def training_memory(shape, *, seq_len: int, micro_batch: int, dims=None, zero_st
     ``shape``: a ``ModelShape`` (or a preset name, a ``GPTConfig``, a config.json dict);
     ``dims``: any object with ``dp_size``, ``tp_size``, ``pp_size``, ``cp_size`` (such as
     ``labkit.parallel.ParallelDims``; None: one GPU). ZeRO shards the model states over the
-    dp x cp ranks that hold the same parameters; context parallelism divides the sequence.
+    dp x cp ranks that hold the same parameters; context parallelism divides the sequence (each
+    rank's attention scores counted over its s/cp queries and s/cp keys: one block of a ring).
     ``precision``: one of :data:`PRECISIONS`; ``offload``: the gradients and optimizer states
     live on the CPU (ZeRO-Offload), the GPU keeps the parameters.
 
