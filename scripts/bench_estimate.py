@@ -4,7 +4,7 @@
 
 Prints (1) the estimator's error against labkit's memory meter on the real model in one process
 on the CPU (Llama blocks with n_kv = a, a/2, 1; b = 1, 2; fp32 and bf16), (2) against PyTorch's
-MemTracker on one rank of Llama-2-7B (tp 2, and tp 2 x pp 2) and of Llama-2-70B (tp 8) traced
+MemTracker on one rank of Llama-2-7B (tp 2, with SP, tp 2 x pp 2) and of Llama-2-70B (tp 8) traced
 under FakeTensorMode with torch's fake process group (N layers, default 4; 32 takes minutes), and (3) the time of
 one estimate and of a planner-sized sweep (a calculator in a browser runs the same code, so
 thousands of configurations must take well under a second). Asserts nothing: the tests do.
@@ -67,9 +67,10 @@ def meter_rows() -> list[str]:
 def fake_rows(n_layer: int) -> list[str]:
     """The estimator against MemTracker on one fake rank (tests/test_estimate_fake.py)."""
     rows = []
-    for name, tp, pp in (("llama-2-7b", 2, 1), ("llama-2-7b", 2, 2), ("llama-2-70b", 8, 1)):
+    for name, tp, pp, sp in (("llama-2-7b", 2, 1, 0), ("llama-2-7b", 2, 1, 1), ("llama-2-7b", 2, 2, 0),
+                             ("llama-2-70b", 8, 1, 0)):
         out = subprocess.run([sys.executable, str(ROOT / "tests" / "test_estimate_fake.py"), name, str(n_layer),
-                              str(tp), str(pp)], capture_output=True, text=True, cwd=ROOT,
+                              str(tp), str(pp), str(sp)], capture_output=True, text=True, cwd=ROOT,
                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1800)
         if out.returncode:
             rows.append(f"fake tp={tp} pp={pp}: failed: {out.stderr.strip().splitlines()[-1]}")
@@ -77,8 +78,9 @@ def fake_rows(n_layer: int) -> list[str]:
         got = json.loads(out.stdout.strip().splitlines()[-1])
         dims = SimpleNamespace(dp_size=1, tp_size=tp, pp_size=pp, cp_size=1)
         est = training_memory(preset(name).replace(n_layer=n_layer), seq_len=4096, micro_batch=1,
-                              dims=dims, precision="bf16", num_microbatches=2 * pp)
-        rows.append(_row(f"fake: {name} L={n_layer} tp={tp} pp={pp}", got, est, 4 * got["n_tensors"]))
+                              dims=dims, precision="bf16", num_microbatches=2 * pp, sequence_parallel=bool(sp))
+        rows.append(_row(f"fake: {name} L={n_layer} tp={tp}{' SP' if sp else ''} pp={pp}", got, est,
+                         4 * got["n_tensors"]))
     return rows
 
 

@@ -1,4 +1,5 @@
-"""The estimator at real scale with nothing allocated: one rank of Llama-2-7B, traced under
+"""The estimator at real scale with nothing allocated: one rank of Llama-2-7B (tp 2, with and
+without sequence parallelism; tp 2 x pp 2) and of Llama-2-70B (tp 8), traced under
 ``FakeTensorMode`` with torch's fake process group and measured by PyTorch's own memory tracker
 (``torch.distributed._tools.mem_tracker.MemTracker``), the way torchtitan estimates memory without GPUs.
 
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEQ = 4096
 
 
-def measure(name: str, n_layer: int, tp: int, pp: int, seq_len: int = SEQ) -> dict:
+def measure(name: str, n_layer: int, tp: int, pp: int, sp: int = 0, seq_len: int = SEQ) -> dict:
     """One rank (tensor rank 0, pipeline stage 0) of preset ``name`` with ``n_layer`` layers: bytes the
     tracker counts after one micro-batch's forward (activations) and after backward and an AdamW
     step (model states), and the micro-batches stage 0 holds at once under 1F1B."""
@@ -56,7 +57,7 @@ def measure(name: str, n_layer: int, tp: int, pp: int, seq_len: int = SEQ) -> di
     cfg = get_preset(name, n_layer=n_layer)
     model = build_model(cfg, device="meta", dtype=torch.bfloat16)
     if tp > 1:
-        apply_tensor_parallel(model, None, init_sync=None)
+        apply_tensor_parallel(model, None, bool(sp), init_sync=None)
         model._tp_batch_checked = True  # the one-time same-batch check compares values
     part = model if pp == 1 else build_chunks(model, split_stages(model, pp), pp, 0)[0]
 
@@ -82,28 +83,30 @@ def measure(name: str, n_layer: int, tp: int, pp: int, seq_len: int = SEQ) -> di
             "n_tensors": len(list(part.parameters()))}
 
 
-def _run(name: str, n_layer: int, tp: int, pp: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, name, str(n_layer), str(tp), str(pp)], capture_output=True,
+def _run(name: str, n_layer: int, tp: int, pp: int, sp: bool) -> dict:
+    out = subprocess.run([sys.executable, __file__, name, str(n_layer), str(tp), str(pp), str(int(sp))],
+                         capture_output=True,
                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # Llama-2-70B at t = 8 leaves each rank one of its 8 key-value heads (grouped-query attention).
-CASES = [("llama-2-7b", 2, 1), ("llama-2-7b", 2, 2), ("llama-2-70b", 8, 1)]
+CASES = [("llama-2-7b", 2, 1, False), ("llama-2-7b", 2, 1, True), ("llama-2-7b", 2, 2, False),
+         ("llama-2-70b", 8, 1, False)]
 
 
-@pytest.mark.parametrize("name, tp, pp", CASES, ids=["7b-tp2", "7b-tp2-pp2", "70b-tp8"])
-def test_one_rank_under_fake_tensors(name, tp, pp):
+@pytest.mark.parametrize("name, tp, pp, sp", CASES, ids=["7b-tp2", "7b-tp2-sp", "7b-tp2-pp2", "70b-tp8"])
+def test_one_rank_under_fake_tensors(name, tp, pp, sp):
     from labkit.estimate import training_memory
     from labkit.shapes import preset
 
     n_layer = 4
-    got = _run(name, n_layer, tp, pp)
+    got = _run(name, n_layer, tp, pp, sp)
     shape = preset(name).replace(n_layer=n_layer)
     dims = SimpleNamespace(dp_size=1, tp_size=tp, pp_size=pp, cp_size=1)
     est = training_memory(shape, seq_len=SEQ, micro_batch=1, dims=dims, precision="bf16",
-                          num_microbatches=2 * pp)
+                          num_microbatches=2 * pp, sequence_parallel=sp)
     assert est.stage == 0  # stage 0 holds p micro-batches of L/p layers: the most loaded
     # model states to the byte; torch's AdamW keeps a 4-byte step count per tensor, on the host on a GPU
     assert (got["params"], got["grads"]) == (est.params, est.grads)
@@ -111,6 +114,6 @@ def test_one_rank_under_fake_tensors(name, tp, pp):
     assert abs(got["activations"] / est.activations - 1) < 0.03, (got["activations"], est.activations)
 
 
-if __name__ == "__main__":  # python tests/test_estimate_fake.py [preset [n_layer [tp [pp]]]]
-    args = sys.argv[1:] + ["llama-2-7b", "32", "2", "1"][len(sys.argv) - 1:]
-    print(json.dumps(measure(args[0], *(int(a) for a in args[1:4]))))
+if __name__ == "__main__":  # python tests/test_estimate_fake.py [preset [n_layer [tp [pp [sp]]]]]
+    args = sys.argv[1:] + ["llama-2-7b", "32", "2", "1", "0"][len(sys.argv) - 1:]
+    print(json.dumps(measure(args[0], *(int(a) for a in args[1:5]))))
