@@ -14,8 +14,9 @@ import torch
 
 from labkit.estimate import (GPUS, PRECISIONS, MemoryEstimate, ModelShape, ServingEstimate, serving_memory,
                              training_memory)
+from labkit.checkpoint import apply_checkpointing
 from labkit.memory import measure_forward_backward, measure_step
-from labkit.memory.analytic import head_bytes, korthikanti_activation_bytes, llama_layer_bytes
+from labkit.memory.analytic import RECOMPUTE, head_bytes, korthikanti_activation_bytes, llama_layer_bytes
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention.analytic import cached_tokens, kv_bytes_per_token_of
 from labkit.precision import OPTIMIZERS, make_optimizer
@@ -167,7 +168,8 @@ def _batch(cfg, b):
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("b", [1, 2])
-def test_llama_activations_equal_the_meter_to_the_byte(n_kv_head, dtype, b):
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+def test_llama_activations_equal_the_meter_to_the_byte(n_kv_head, dtype, b, recompute):
     # Exact on the CPU: every saved tensor's size follows from its shape (b = 1 and b = 2 differ
     # in which keys and values matmul copies). The GPT-2 block is estimated with Korthikanti's
     # GPU formula (1-byte dropout masks, no LayerNorm statistics), which the CPU's meter does not
@@ -175,8 +177,10 @@ def test_llama_activations_equal_the_meter_to_the_byte(n_kv_head, dtype, b):
     cfg = _llama(n_kv_head)
     torch.manual_seed(0)
     model = build_model(cfg, dtype=dtype)
+    if recompute != "none":
+        apply_checkpointing(model, recompute)  # labkit's policies: the attention core, or every block
     measured = measure_forward_backward(model, _batch(cfg, b)).activations
-    est = training_memory(ModelShape.from_config(cfg), seq_len=16, micro_batch=b,
+    est = training_memory(ModelShape.from_config(cfg), seq_len=16, micro_batch=b, recompute=recompute,
                           precision="fp32" if dtype == torch.float32 else "bf16")
     assert est.activations == measured
 

@@ -164,7 +164,9 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
     Values: a view of the qkv projection's output ((a + 2 n_kv) hd sb e) when matmul can fold
     (b, a) into one batch dimension without copying (n_kv = a or 1, and b = 1), else a copy (u).
     SwiGLU keeps its gate, SiLU, up and their product (4 sbf e). Sequence parallelism divides the
-    norms' terms by t too; "selective" drops the softmax, "full" keeps the block input (u, /t with SP).
+    norms' terms by t too; "selective" (labkit's policy: the attention core checkpointed) drops the
+    softmax and keeps the core's q, k, v as they are passed, views included; "full" keeps the block
+    input (u, /t with SP).
     """
     s, b, h, a, kv, f, t = (check_int(n, v, 1) for n, v in (
         ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model), ("n_head", n_head),
@@ -176,7 +178,9 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
         return {"block input (sbh e / r)": s * b * h * e // r}
     a, kv, f, hd = a // t, kv // t, f // t, h // a  # this rank's heads and MLP width
     token = hd * s * b * e  # one head's (b, s, hd) tensor
-    folds = b == 1 or a == 1  # matmul folds (b, a) into one batch dimension as a view
+    # matmul folds (b, a) into one batch dimension as a view; under selective recomputation the
+    # checkpoint keeps the core's inputs as they are, views included, and matmul's copies go
+    folds = b == 1 or a == 1 or recompute == "selective"
     terms = {
         "RMSNorm fp32 inputs and 1/rms (2 (4sbh + 4bs) / r)": 2 * (4 * s * b * h + 4 * b * s) // r,
         "RMSNorm normalised and outputs (4 sbh e / r)": 4 * s * b * h * e // r,
