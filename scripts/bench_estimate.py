@@ -95,12 +95,12 @@ def sweep(shape: str = "llama-3-70b", n_gpus: int = 64, seq_len: int = 8192) -> 
         if n_gpus % (t * p):
             continue
         dims = SimpleNamespace(dp_size=n_gpus // (t * p), tp_size=t, pp_size=p, cp_size=1)
-        for b, z, rc, sp in itertools.product((1, 2, 4, 8), (0, 1, 2, 3), ("none", "selective", "full"),
-                                              (False, True)):
+        for b, m, z, rc, sp in itertools.product((1, 2, 4, 8), (8, 32), (0, 1, 2, 3),
+                                                 ("none", "selective", "full"), (False, True)):
             if sp and t == 1:
                 continue
             training_memory(shape, seq_len=seq_len, micro_batch=b, dims=dims, zero_stage=z, recompute=rc,
-                            sequence_parallel=sp, num_microbatches=max(p, 8))
+                            sequence_parallel=sp, num_microbatches=max(p, m))
             count += 1
     return count
 
