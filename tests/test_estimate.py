@@ -35,8 +35,7 @@ def dims(dp=1, tp=1, pp=1, cp=1):
 # Key-value bytes per token in 16 bits, 2 L n_kv head_dim 2, from each paper's own table (written
 # out here, not read from the presets): Llama 2 (touvron2023llama2, Table 1 and Sec. 2.2: 70B has 8
 # KV heads; head_dim 128), Llama 3 (grattafiori2024llama3, Table 3: 8 KV heads for every size),
-# Mistral 7B (jiang2023mistral, Table 1: 32 layers, 8 KV heads, head_dim 128). Llama-2-7B's
-# 512 KiB a token is the "2 GB for 4,096 tokens" NVIDIA's inference guide quotes.
+# Mistral 7B (jiang2023mistral, Table 1: 32 layers, 8 KV heads, head_dim 128).
 PUBLISHED_KV_BYTES = {
     "llama-2-7b": 2 * 32 * 32 * 128 * 2,       # 524,288: 0.5 MiB
     "llama-2-13b": 2 * 40 * 40 * 128 * 2,      # 819,200
@@ -74,7 +73,7 @@ def test_mistral_sliding_window_caches_8x_less_at_32k():
 
 
 def test_zero_paper_worked_example_7_5b_on_64_gpus():
-    # Rajbhandari et al. (2020), Figure 1 and Section 5: Psi = 7.5B, N_d = 64, K = 12:
+    # Rajbhandari et al. (2020, rajbhandari2020zero), Figure 1: Psi = 7.5B, N_d = 64, K = 12:
     # 120 GB without ZeRO, 31.4, 16.6 and 1.88 GB per GPU with stages 1, 2, 3.
     psi = 7_500_000_000
     gb = [zero_model_state_bytes(psi, 64, stage, "mixed", "adam").total / 1e9 for stage in range(4)]
