@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..precision import _check
 from ..validate import check_bool, check_choice, check_int
 
 __all__ = [
-    "ModelStateBytes", "model_state_bytes",
-    "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes",
+    "ModelStateBytes", "model_state_bytes", "RECOMPUTE",
+    "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes", "llama_layer_bytes", "head_bytes",
 ]
+
+# What a layer keeps under recomputation (Korthikanti et al. 2022): everything, all but the
+# attention core (selective), or its input only (full). The one list of the modes: the
+# checkpoint package, tensor parallelism, the planner and the estimator read it from here.
+RECOMPUTE = ("none", "selective", "full")
 
 # bytes per parameter: (parameters, gradients, optimizer states) for each policy
 _PARAM_GRAD = {"fp32": (4, 4), "mixed": (2, 2), "mixed_fp32_grads": (2, 4), "bf16": (2, 2)}
@@ -53,7 +57,8 @@ def model_state_bytes(n_params: int, precision: str = "mixed", optimizer: str = 
     on the CPU unless the optimizer is ``fused`` or ``capturable`` (``step_on_device=True``): on
     ``device_type="cuda"`` the counters are then host memory and not counted.
     """
-    _check(precision, optimizer)
+    check_choice("precision", precision, tuple(_PARAM_GRAD))  # labkit.precision.PRECISIONS, torch-free
+    check_choice("optimizer", optimizer, tuple(_N_STATES))  # labkit.precision.OPTIMIZERS
     check_int("n_params", n_params)
     check_int("n_tensors", n_tensors)
     check_choice("device_type", device_type, ("cpu", "cuda"))
@@ -119,11 +124,95 @@ def activation_bytes(cfg, batch_size: int, seq_len: int | None = None, *, dtype_
     return ActivationBytes(per_layer=sum(terms.values()), head=head, n_layer=cfg.n_layer, terms=terms)
 
 
-def korthikanti_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int) -> float:
-    """Per-layer activation bytes of Korthikanti et al. (2022), eq. 1: sbh(34 + 5as/h).
+def korthikanti_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int,
+                                 tp_size: int = 1, sequence_parallel: bool = False,
+                                 recompute: str = "none") -> float:
+    """Per-layer activation bytes per rank of Korthikanti et al. (2022), eq. 1 and Table 2.
 
-    Assumes 16-bit activations, 1-byte dropout masks and no tensor parallelism.
+    16-bit activations, 1-byte dropout masks. t = ``tp_size``: sbh(10 + 24/t + 5as/(ht)), or
+    sbh/t (34 + 5as/h) with ``sequence_parallel``; "selective" recomputation drops the 5as/h
+    attention-core term; "full" keeps the layer input only, 2sbh (2sbh/t with SP). With t = 1:
+    eq. 1, sbh(34 + 5as/h). The one place this formula is written.
     """
-    s, b, h, a = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
-                                                  ("d_model", d_model), ("n_head", n_head)))
-    return s * b * h * (34 + 5 * a * s / h)
+    s, b, h, a, t = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
+                                                     ("d_model", d_model), ("n_head", n_head),
+                                                     ("tp_size", tp_size)))
+    sp = check_bool("sequence_parallel", sequence_parallel)
+    check_choice("recompute", recompute, RECOMPUTE)
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / t if sp else 2 * sbh
+    attn = 0 if recompute == "selective" else 5 * a * s / h
+    if t == 1:
+        return sbh * (34 + attn)
+    return sbh / t * (34 + attn) if sp else sbh * (10 + 24 / t + attn / t)
+
+
+def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, n_kv_head: int,
+                      d_ff: int, *, dtype_bytes: int = 2, tp_size: int = 1,
+                      sequence_parallel: bool = False, recompute: str = "none") -> dict:
+    """Bytes one Llama block of :class:`labkit.model.GPT` keeps for backward, per rank, by term.
+
+    Derived as Korthikanti et al. derive GPT-2's, from which tensors autograd saves in labkit's
+    code (RMSNorm computed in fp32, rotary positions, grouped-query attention, SwiGLU, no
+    dropout); e = ``dtype_bytes``, u = sbh e, hd = h/a, f = ``d_ff``, and a, n_kv the heads of
+    one of t = ``tp_size`` ranks. Each RMSNorm keeps its fp32 input (4sbh), its fp32 1/rms (4bs),
+    the normalised tensor cast back and its output (2u). Attention keeps the rotated q (u), the
+    keys and values matmul reads, the softmax (a s^2 b e) and c_proj's input (u); rope keeps
+    nothing (its cos and sin are buffers). Keys: the rotated k (u) when n_kv = a; with n_kv < a
+    the copy ``repeat_kv`` makes (u), except one KV head at b = 1, a stride-0 view of k (u/a).
+    Values: a view of the qkv projection's output ((a + 2 n_kv) hd sb e) when matmul can fold
+    (b, a) into one batch dimension without copying (n_kv = a or 1, and b = 1), else a copy (u).
+    SwiGLU keeps its gate, SiLU, up and their product (4 sbf e). Sequence parallelism divides the
+    norms' terms by t too; "selective" (labkit's policy: the attention core checkpointed) drops the
+    softmax and keeps the core's q, k, v as they are passed, views included; "full" keeps the block
+    input (u, /t with SP).
+    """
+    s, b, h, a, kv, f, t = (check_int(n, v, 1) for n, v in (
+        ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model), ("n_head", n_head),
+        ("n_kv_head", n_kv_head), ("d_ff", d_ff), ("tp_size", tp_size)))
+    e = check_choice("dtype_bytes", dtype_bytes, (2, 4))
+    r = t if check_bool("sequence_parallel", sequence_parallel) else 1
+    check_choice("recompute", recompute, RECOMPUTE)
+    if recompute == "full":
+        return {"block input (sbh e / r)": s * b * h * e // r}
+    a, kv, f, hd = a // t, kv // t, f // t, h // a  # this rank's heads and MLP width
+    token = hd * s * b * e  # one head's (b, s, hd) tensor
+    # matmul folds (b, a) into one batch dimension as a view; under selective recomputation the
+    # checkpoint keeps the core's inputs as they are, views included, and matmul's copies go
+    folds = b == 1 or a == 1 or recompute == "selective"
+    terms = {
+        "RMSNorm fp32 inputs and 1/rms (2 (4sbh + 4bs) / r)": 2 * (4 * s * b * h + 4 * b * s) // r,
+        "RMSNorm normalised and outputs (4 sbh e / r)": 4 * s * b * h * e // r,
+        "rotated q (sbh e / t)": a * token,
+        "keys for the core (sbh e / t; one KV head at b = 1: sbh e / a)":
+            (kv if kv == 1 and folds else a) * token,
+        "values for the core (sbh e / t, or the qkv output it views)":
+            ((a + 2 * kv) if (kv in (a, 1) and folds) else a) * token,
+        "softmax output (a s^2 b e / t)": a * s * s * b * e,
+        "c_proj input (sbh e / t)": a * token,
+        "SwiGLU gate, SiLU, up, product (4 sbf e / t)": 4 * s * b * f * e,
+    }
+    if recompute == "selective":
+        terms.pop("softmax output (a s^2 b e / t)")
+    return terms
+
+
+def head_bytes(seq_len: int, batch_size: int, d_model: int, vocab_size: int, *, norm: str = "rmsnorm",
+               dtype_bytes: int = 2, tp_size: int = 1, sequence_parallel: bool = False) -> int:
+    """Bytes the model's head keeps for backward, per rank: the final norm (RMSNorm's terms as in
+    :func:`llama_layer_bytes`, or LayerNorm's input, output and fp32 mean and rstd), the
+    log-softmax of this rank's logits that the cross-entropy keeps (b s V/t e, the vocabulary
+    padded to a multiple of t) and the loss with its weight (2e). Exact for labkit's
+    single-process model on the CPU."""
+    s, b, h, V, t = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
+                                                   ("d_model", d_model), ("vocab_size", vocab_size),
+                                                   ("tp_size", tp_size)))
+    check_choice("norm", norm, ("rmsnorm", "layernorm"))
+    e = check_choice("dtype_bytes", dtype_bytes, (2, 4))
+    r = t if check_bool("sequence_parallel", sequence_parallel) else 1
+    if norm == "rmsnorm":  # fp32 input and 1/rms, the normalised tensor and the output
+        norm_bytes = (4 * s * b * h + 4 * b * s + 2 * s * b * h * e) // r
+    else:  # input and output, fp32 mean and rstd
+        norm_bytes = (2 * s * b * h * e + 8 * b * s) // r
+    return norm_bytes + b * s * -(-V // t) * e + 2 * e
