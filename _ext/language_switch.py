@@ -48,8 +48,9 @@ def twin_url(target_uri: str, language: str | None, other: dict) -> str:
 
 def links_html(target_uri: str, language: str | None) -> str:
     """The visible links of one page (one per other edition)."""
-    items = [f'<a class="language-switch-link" href="{html.escape(twin_url(target_uri, language, e))}"'
-             f' hreflang="{e["tag"]}" lang="{e["tag"]}">{html.escape(e["label"])}</a>'
+    items = [f'<a class="language-switch-link" '
+             f'href="{html.escape(twin_url(target_uri, language, e))}" '
+             f'hreflang="{e["tag"]}" lang="{e["tag"]}">{html.escape(e["label"])}</a>'
              for e in other_editions(language)]
     return f'<div class="language-switch">{" ".join(items)}</div>\n'
 
@@ -61,7 +62,8 @@ def _add_links(app: Sphinx, pagename: str, templatename: str, context: dict, doc
     language = app.config.language
     context["body"] = links_html(target, language) + context.get("body", "")
     alternates = "".join(
-        f'<link rel="alternate" hreflang="{e["tag"]}" href="{html.escape(twin_url(target, language, e))}" />\n'
+        f'<link rel="alternate" hreflang="{e["tag"]}" '
+        f'href="{html.escape(twin_url(target, language, e))}" />\n'
         for e in other_editions(language))
     context["metatags"] = context.get("metatags", "") + alternates
 

@@ -1,7 +1,7 @@
 """Build the book, in English and in Chinese, as HTML with every Sphinx warning treated as an error.
 
-    python scripts/build_book.py                  # -> _build/html/index.html, _build/html/zh/index.html
-    python scripts/build_book.py --path-output D  # -> D/_build/html/index.html, D/_build/html/zh/...
+    python scripts/build_book.py                  # -> _build/html/index.html (+ zh/index.html)
+    python scripts/build_book.py --path-output D  # -> D/_build/html/index.html (+ zh/index.html)
     python scripts/build_book.py --source S       # build the book whose _config.yml is in S
     python scripts/build_book.py --edition en     # one edition only (en or zh_CN)
 
