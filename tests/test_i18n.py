@@ -261,3 +261,39 @@ def test_chinese_page_images_and_glued_numbers(built_book, toc_page):
             assert target.is_file(), f"zh {toc_page}: <img src={src!r}> is missing"
     glued = [re.findall(r'<span class="pasted-text">(.*?)</span>', t) for t in texts]
     assert sorted(glued[0]) == sorted(glued[1]), f"{toc_page}: glued numbers differ: {glued}"
+
+
+class _ProseText(HTMLParser):
+    """A page's text outside <script>, <style>, <pre> and <code>."""
+
+    SKIP = ("script", "style", "pre", "code")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self._skip += tag in self.SKIP
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in self.SKIP and self._skip > 0
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+# Markup that a translation broke, so that it shows as text: a MyST role, a reference-style link
+# (its definition is not in the message), an inline link, a directive fence.
+RAW_MARKUP = re.compile(r"\{[\w:.-]+\}`|\]\[[^\]\s]*\]|\]\((?:https?:|\.{0,2}/|#)[^)\s]*\)"
+                        r"|^\s*(?:```|:::)\s*\{", re.M)
+
+
+def test_no_page_shows_raw_markup(built_book, toc_page):
+    """A translation keeps MyST's roles and links working: none shows as raw text."""
+    for html in (built_book.html, built_book.zh_html):
+        text = _ProseText()
+        text.feed((html / f"{toc_page}.html").read_text(encoding="utf-8"))
+        raw = RAW_MARKUP.findall("".join(text.parts))
+        assert not raw, f"{html.name}/{toc_page}: raw MyST markup shown as text: {raw}"
