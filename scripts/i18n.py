@@ -15,8 +15,9 @@ the .po files as ``sphinx-intl update`` does (babel's merge: a message whose Eng
 keeps its old translation marked fuzzy; one that left the English becomes obsolete). ``check``
 fails when a message of a template has no translation, a translation is fuzzy, a catalogue holds
 an obsolete message or one the template no longer has, or a catalogue is missing or has no
-template, and when a translation breaks the glossary (locales/zh_CN/GLOSSARY.md: a listed English
-term whose Chinese term is missing); it prints the translated share.
+template, when a translation breaks the glossary (locales/zh_CN/GLOSSARY.md: a listed English
+term whose Chinese term is missing), and when it loses what must stay verbatim (a role's target,
+inline code, math, a URL); it prints the translated share.
 """
 
 from __future__ import annotations
@@ -231,9 +232,10 @@ def report(results: list[Counts], details: bool) -> str:
 # ----------------------------------------------------------------------------- glossary
 GLOSSARY = ROOT / "locales" / LANGUAGE / "GLOSSARY.md"
 # What a message shows verbatim in both languages, left out before looking for a term: roles
-# with their targets, inline code, math, URLs.
-_VERBATIM = re.compile(r"\{[\w:-]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|https?://\S+",
-                       re.S)
+# with their targets, inline code, math, URLs, TeX commands with their argument (a display
+# equation is a message of its own).
+_VERBATIM = re.compile(r"\{[\w:-]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|https?://\S+"
+                       r"|\\[a-zA-Z]+\{[^{}]*\}", re.S)  # ... and TeX such as \text{bubble}
 
 
 def glossary(path: Path = GLOSSARY) -> dict[str, str]:
@@ -272,6 +274,50 @@ def glossary_problems(locale_dir: Path = LOCALE_DIR, path: Path = GLOSSARY) -> l
     return problems
 
 
+# ----------------------------------------------------------------------------- verbatim parts
+_ROLE = re.compile(r"\{([\w:.-]+)\}`([^`]*)`")
+_CODE = re.compile(r"``([^`]+)``|`([^`]+)`")
+_MATH = re.compile(r"\$\$(.+?)\$\$|\$([^$]+)\$", re.S)
+_URL = re.compile(r"https?://[^\s)>\]`\u0080-\uffff]+")  # stops at CJK punctuation
+# A role whose target a translation may change: a download may give the Chinese file.
+_FREE_ROLES = {"download"}
+
+
+def _math_key(tex: str) -> str:
+    """Math compared without its numerals: "8.6" billion may become 86 亿, the symbols may not
+    change."""
+    return re.sub(r"[\d.,]|\{,\}|\s", "", tex)
+
+
+def verbatim_parts(text: str) -> set[tuple[str, str]]:
+    """What a translation must show as the English does: each role with its target (the part in
+    <...>, else its content: a label, a glue name, a citation key), inline code, math, URLs."""
+    parts = set()
+    for name, content in _ROLE.findall(text):
+        target = re.search(r"<([^<>]*)>\s*$", content)
+        if name not in _FREE_ROLES:
+            parts.add((f"{{{name}}}", (target.group(1) if target else content).strip()))
+    rest = _ROLE.sub(" ", text)
+    parts |= {("code", " ".join((a or b).split())) for a, b in _CODE.findall(rest)}
+    parts |= {("math", _math_key(a or b)) for a, b in _MATH.findall(_CODE.sub(" ", rest))}
+    parts |= {("url", u.rstrip(".,;:")) for u in _URL.findall(text)}
+    return parts
+
+
+def verbatim_problems(locale_dir: Path = LOCALE_DIR) -> list[str]:
+    """'catalogue: missing <part>: message' for every translation that lost or altered a role's
+    target, inline code, math or a URL of its English message."""
+    problems = []
+    for po in sorted(locale_dir.rglob("*.po")):
+        name = po.relative_to(locale_dir).with_suffix("").as_posix()
+        for m in read_catalogue(po):
+            if m.id and m.string and not m.fuzzy:
+                lost = sorted(verbatim_parts(m.id) - verbatim_parts(m.string))
+                problems += [f"{name}: {kind} {part!r} missing in: {_short(m.string)}"
+                             for kind, part in lost]
+    return problems
+
+
 # ----------------------------------------------------------------------------- commands
 def update(pot_dir: Path, locale_dir: Path = LOCALE_DIR) -> None:
     """Merge the templates into the catalogues as ``sphinx-intl update`` does."""
@@ -292,9 +338,10 @@ def main(argv: list[str] | None = None) -> int:
             update(pot_dir)
         results = compare(pot_dir)
     print(report(results, details=args.command == "check"))
-    terms = glossary_problems()
+    terms = glossary_problems() + verbatim_problems()
     if args.command == "check" and terms:
-        print(f"\n{len(terms)} translations break the glossary ({GLOSSARY.relative_to(ROOT)}):")
+        print(f"\n{len(terms)} translations break the glossary ({GLOSSARY.relative_to(ROOT)}) or "
+              "lose a role, code, math or a URL of the English:")
         print("\n".join("  " + t for t in terms))
     if args.command == "check" and (terms or not all(c.ok for c in results)):
         print("\nThe Chinese edition is not complete or not current: translate the messages "

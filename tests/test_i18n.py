@@ -297,3 +297,25 @@ def test_no_page_shows_raw_markup(built_book, toc_page):
         text.feed((html / f"{toc_page}.html").read_text(encoding="utf-8"))
         raw = RAW_MARKUP.findall("".join(text.parts))
         assert not raw, f"{html.name}/{toc_page}: raw MyST markup shown as text: {raw}"
+
+
+# ----------------------------------------------------------------------------- verbatim parts
+def test_translations_keep_roles_code_math_and_urls():
+    """A translation keeps every role's target (labels, glue names, citation keys), inline code,
+    math and URL of its English message: the glued numbers and references are the same ones."""
+    problems = i18n.verbatim_problems()
+    assert not problems, "translations that lost or altered verbatim parts:\n" + "\n".join(problems)
+
+
+def test_verbatim_parts():
+    english = ("See {numref}`Figure %s <fig-zero>`, {glue:text}`zero_saving:.1f` and `shard(x)` "
+               "for $2\\Psi$ (https://arxiv.org/abs/1910.02054).")
+    parts = i18n.verbatim_parts(english)
+    assert parts == {("{numref}", "fig-zero"), ("{glue:text}", "zero_saving:.1f"),
+                     ("code", "shard(x)"), ("math", "\\Psi"),  # numerals aside
+                     ("url", "https://arxiv.org/abs/1910.02054")}
+    good = ("见{numref}`图 %s <fig-zero>`、{glue:text}`zero_saving:.1f` 和 `shard(x)`，"
+            "对应 $2\\Psi$（https://arxiv.org/abs/1910.02054）。")
+    assert parts <= i18n.verbatim_parts(good)
+    bad = good.replace("zero_saving:.1f", "zero_saving")
+    assert parts - i18n.verbatim_parts(bad) == {("{glue:text}", "zero_saving:.1f")}
