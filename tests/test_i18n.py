@@ -319,3 +319,28 @@ def test_verbatim_parts():
     assert parts <= i18n.verbatim_parts(good)
     bad = good.replace("zero_saving:.1f", "zero_saving")
     assert parts - i18n.verbatim_parts(bad) == {("{glue:text}", "zero_saving:.1f")}
+
+
+def test_a_glue_role_in_a_translated_lab_paragraph_reads_the_lab():
+    """A bare {glue:text} key, parsed outside its notebook's parse (a translated paragraph), reads
+    the notebook's stored glue data: the same number in both editions."""
+    glue = _load("i18n_glue", ROOT / "_ext" / "i18n_glue.py")
+
+    class Env:
+        docname = "labs/03_checkpointing"
+
+        def doc2path(self, docname):
+            return ROOT / f"{docname}.ipynb"
+
+    class Document(dict):
+        settings = type("Settings", (), {"env": Env()})()
+
+    translated = Document()
+    assert glue.own_notebook_text("ckpt_block_over_input", translated, with_format=True) == \
+        "03_checkpointing.ipynb::ckpt_block_over_input:s"
+    assert glue.own_notebook_text("saving:.1f", translated, with_format=True) == \
+        "03_checkpointing.ipynb::saving:.1f"
+    assert glue.own_notebook_text("../labs/02_zero.ipynb::x:.1f", translated) == \
+        "../labs/02_zero.ipynb::x:.1f"
+    parsing = Document(nb_renderer=object())  # the notebook's own parse: left alone
+    assert glue.own_notebook_text("ckpt_block_over_input", parsing) == "ckpt_block_over_input"
