@@ -318,6 +318,41 @@ def verbatim_problems(locale_dir: Path = LOCALE_DIR) -> list[str]:
     return problems
 
 
+# ----------------------------------------------------------------------------- rewriting links
+def rewrite_catalogue(path: Path, rewrite) -> bool:
+    """Apply ``rewrite`` (str -> str) to every message of a catalogue, English and translation
+    alike, keeping the messages' order and flags; return whether anything changed. A text edit
+    of the file would miss a URL that the catalogue wraps over two lines.
+    (scripts/set_repo_url.py rewrites the repository's address this way.)"""
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    old = read_catalogue(path)
+    new = Catalog(locale=old.locale, header_comment=old.header_comment, charset="utf-8",
+                  fuzzy=old.fuzzy)
+    new.mime_headers = old.mime_headers
+    changed = False
+    for m in old:
+        if not m.id:
+            continue
+        msgid, msgstr = rewrite(m.id), rewrite(m.string) if m.string else m.string
+        changed |= (msgid, msgstr) != (m.id, m.string)
+        new.add(msgid, msgstr, locations=m.locations, flags=m.flags,
+                auto_comments=m.auto_comments, user_comments=m.user_comments,
+                previous_id=m.previous_id, context=m.context)
+    new.obsolete = old.obsolete
+    if changed:
+        with open(path, "wb") as f:
+            write_po(f, new, width=76)
+    return changed
+
+
+def catalogue_texts(locale_root: Path) -> dict[Path, list[str]]:
+    """{catalogue: its messages' English and translations} under ``locale_root``."""
+    return {po: [t for m in read_catalogue(po) if m.id for t in (m.id, m.string) if t]
+            for po in sorted(Path(locale_root).rglob("*.po"))}
+
+
 # ----------------------------------------------------------------------------- commands
 def update(pot_dir: Path, locale_dir: Path = LOCALE_DIR) -> None:
     """Merge the templates into the catalogues as ``sphinx-intl update`` does."""

@@ -344,3 +344,34 @@ def test_a_glue_role_in_a_translated_lab_paragraph_reads_the_lab():
         "../labs/02_zero.ipynb::x:.1f"
     parsing = Document(nb_renderer=object())  # the notebook's own parse: left alone
     assert glue.own_notebook_text("ckpt_block_over_input", parsing) == "ckpt_block_over_input"
+
+
+def test_publishing_rewrites_the_address_in_the_catalogues(tmp_path):
+    """scripts/set_repo_url.py writes the new address into the catalogues too, English and
+    translation, even where the catalogue wraps the URL over two lines: publishing leaves no
+    translation stale."""
+    sru = _load("set_repo_url_script", ROOT / "scripts" / "set_repo_url.py")
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    root = tmp_path / "course"
+    root.mkdir()
+    for name in ("_config.yml", "GPU_RESULTS.md"):
+        shutil.copy2(ROOT / name, root / name)
+    old_repo, branch = sru.read_setting(root)
+    link = f"[GPU_RESULTS.md](https://github.com/{old_repo}/blob/{branch}/GPU_RESULTS.md)"
+    catalog = Catalog(locale="zh_CN")
+    catalog.add(f"No GPU run has been recorded here yet, as the file says: {link}.",
+                f"这里还没有记录 GPU 运行，见 {link}。")
+    po = root / "locales" / "zh_CN" / "LC_MESSAGES" / "GPU_RESULTS.po"
+    po.parent.mkdir(parents=True)
+    with open(po, "wb") as f:
+        write_po(f, catalog, width=76)
+    assert link not in po.read_text(encoding="utf-8")  # wrapped: a text edit would miss it
+    assert sru.disagreements(root) == []
+    changed = sru.set_repo_url("https://github.com/new-owner/gpu-course", "published", root)
+    assert po in changed
+    [message] = [m for m in i18n.read_catalogue(po) if m.id]
+    new_link = "(https://github.com/new-owner/gpu-course/blob/published/GPU_RESULTS.md)"
+    assert new_link in message.id and new_link in message.string, message
+    assert sru.disagreements(root) == []
