@@ -14,9 +14,10 @@ from pathlib import Path
 
 from sphinx.application import Sphinx
 
-# Each edition: its Sphinx language, the folder it is built into under the English output, the
-# link's label (in the edition's own language) and its BCP 47 tag.
 STATIC = Path(__file__).resolve().parent / "static"
+# Each edition: its Sphinx language, the folder it is built into under the English output, the
+# link's label (in the edition's own language) and its BCP 47 tag. scripts/build_book.py builds
+# these editions into these folders.
 EDITIONS = (
     {"language": "en", "folder": "", "label": "English", "tag": "en"},
     {"language": "zh_CN", "folder": "zh", "label": "中文", "tag": "zh-CN"},

@@ -19,6 +19,7 @@ produced any warning.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -27,8 +28,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Sphinx's language of each edition, and the folder it lands in under the English _build/html.
-EDITIONS = {"en": "", "zh_CN": "zh"}
+
+
+def _editions() -> dict[str, str]:
+    """{Sphinx language: folder under the English _build/html}, as the language links expect
+    (_ext/language_switch.py, loaded by path: it is the one place that lists the editions)."""
+    spec = importlib.util.spec_from_file_location("language_switch",
+                                                  ROOT / "_ext" / "language_switch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {e["language"]: e["folder"] for e in module.EDITIONS}
+
+
+EDITIONS = _editions()
 
 
 def _sphinx(source: Path, build_dir: Path, language: str) -> int:
