@@ -59,7 +59,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 class BookBuild:
     returncode: int
     log: str
-    html: Path  # the _build/html folder
+    html: Path  # the _build/html folder (the English edition)
+
+    @property
+    def zh_html(self) -> Path:
+        """The Chinese edition's folder, inside the English one (scripts/build_book.py)."""
+        return self.html / "zh"
 
 
 # What requirements-book.txt leaves out: the book build runs with these made impossible to import,
@@ -81,8 +86,9 @@ sys.meta_path.insert(0, _NotInstalled())
 
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory: pytest.TempPathFactory) -> BookBuild:
-    """Build the book once per session (per xdist worker) with -W into a temporary folder,
-    with torch, Triton, labkit and the test tools impossible to import (NOT_FOR_THE_BUILD).
+    """Build the book, both editions, once per session (per xdist worker) with -W into a
+    temporary folder, with torch, Triton, labkit and the test tools impossible to import
+    (NOT_FOR_THE_BUILD).
 
     Tests using it carry ``pytest.mark.xdist_group("book")`` so that one worker builds it.
     """

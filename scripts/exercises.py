@@ -3,7 +3,9 @@
     python scripts/exercises.py build [CHAPTER ...]
         otter assign each exercises/source/<name>.ipynb into exercises/dist/<name>/ (autograder zip
         and solutions; gitignored) and copy the student notebook to exercises/student/<name>.ipynb
-        (committed). CHAPTER is a notebook name such as 01_memory_wall, or its number (1 or 01).
+        (committed), and its Chinese edition to exercises/student/zh/<name>.ipynb (the same
+        notebook, its instructions from locales/zh_CN/LC_MESSAGES/exercises/notebooks.po). CHAPTER
+        is a notebook name such as 01_memory_wall, or its number (1 or 01).
 
     python scripts/exercises.py grade SUBMISSION.ipynb [--cell-timeout 10] [--question-timeout 10]
         grade a filled-in notebook with `otter run` against its chapter's autograder (built first
@@ -20,6 +22,7 @@
 
 import argparse
 import hashlib
+import importlib.util
 import re
 import json
 import os
@@ -103,7 +106,30 @@ def build(chapter, *, source_dir=SOURCE_DIR, dist_dir=DIST_DIR, student_dir=STUD
         Path(student_dir).mkdir(parents=True, exist_ok=True)
         text = json.dumps(_stable_cell_ids(nb), indent=1, ensure_ascii=False) + "\n"
         (Path(student_dir) / f"{name}.ipynb").write_text(text)
+        write_chinese(Path(student_dir) / f"{name}.ipynb")
     return find_autograder(name, dist_dir)
+
+
+def write_chinese(student_notebook):
+    """Write the Chinese student notebook beside ``student_notebook``, in its zh/ folder: the
+    same notebook with its Markdown paragraphs taken from the catalogue
+    locales/zh_CN/LC_MESSAGES/exercises/notebooks.po (scripts/i18n.py). Untranslated paragraphs
+    stay English and are listed. Returns the path written."""
+    i18n = sys.modules.get("i18n_script")
+    if i18n is None:  # scripts/i18n.py, loaded once by path (scripts/ is not a package)
+        spec = importlib.util.spec_from_file_location("i18n_script",
+                                                      Path(__file__).with_name("i18n.py"))
+        i18n = sys.modules["i18n_script"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(i18n)
+    student_notebook = Path(student_notebook)
+    translations = i18n.translations_of(i18n.LOCALE_DIR / f"{i18n.NOTEBOOKS_DOMAIN}.po")
+    nb, missing = i18n.translate_notebook(json.loads(student_notebook.read_text()), translations)
+    target = student_notebook.parent / "zh" / student_notebook.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    if missing:
+        print(f"{target}: {len(missing)} paragraphs not yet translated (scripts/i18n.py status)")
+    return target
 
 
 def find_autograder(name, dist_dir=DIST_DIR):

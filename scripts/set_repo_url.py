@@ -10,7 +10,8 @@
 
 The setting is `repository.url` and `repository.branch` in _config.yml. The files searched are
 every notebook and Markdown file under labs/, chapters/ and exercises/, and intro.md, README.md
-and GPU_RESULTS.md, so labs and exercises added later are covered without changing this script.
+and GPU_RESULTS.md, and the translations' catalogues (locales/**/*.po, message by message), so
+labs and exercises added later are covered without changing this script.
 A GitHub link counts as the course's own when the file it points to exists in this checkout
 (links to other projects' files are left alone).
 """
@@ -73,8 +74,10 @@ def disagreements(root: Path = ROOT) -> list[str]:
     """'file: found <url>' for every place whose repository or branch differs from the setting."""
     repo, branch = read_setting(root)
     found = []
-    for path in files_to_scan(root):
-        text = path.read_text(encoding="utf-8")
+    texts = [(path, path.read_text(encoding="utf-8")) for path in files_to_scan(root)]
+    texts += [(po, text) for po, msgs in _i18n().catalogue_texts(root / "locales").items()
+              for text in msgs]  # the translations' catalogues, message by message
+    for path, text in texts:
         for regex in LINK_RES:
             for m in regex.finditer(text):
                 wrong = m.group("repo") != repo or m.groupdict().get("branch", branch) != branch
@@ -127,7 +130,22 @@ def set_repo_url(url: str, branch: str = "main", root: Path = ROOT) -> list[Path
         if updated != old:
             path.write_text(updated, encoding="utf-8")
             changed.append(path)
+    for po in sorted((root / "locales").rglob("*.po")):  # English and translation alike
+        if _i18n().rewrite_catalogue(po, lambda text: rewrite(text, repo, branch, root)):
+            changed.append(po)
     return changed
+
+
+def _i18n():
+    """scripts/i18n.py (the translations' catalogues), loaded by path."""
+    import importlib.util
+
+    if "i18n_script" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("i18n_script",
+                                                      Path(__file__).with_name("i18n.py"))
+        sys.modules["i18n_script"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["i18n_script"])
+    return sys.modules["i18n_script"]
 
 
 def main(argv=None) -> int:

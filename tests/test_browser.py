@@ -1,10 +1,13 @@
-"""Every page of the built book, opened in headless Chromium, renders without errors and offline.
+"""Every page of the built book, in both editions, opened in headless Chromium, renders without
+errors and offline.
 
 Fails on: console errors and page errors, math left untypeset, images that did not load, failed
 requests for the book's own files, any equation or code cell (input or output) wider than its
 column at a 1280 px wide window, a page that scrolls sideways there, a line of code that wraps
 (the CSS wrap is only a fallback: lab code keeps to 80 columns), nbval's markers shown on the
-page, and a missing "not yet published" banner while repository.url is the placeholder. Requests to any other host are blocked, so a page
+page, a missing "not yet published" banner while repository.url is the placeholder, and a link
+to the other edition's page that is missing or does not load; on the Chinese pages also Chinese
+text drawn without a CJK font (blank or as boxes). Requests to any other host are blocked, so a page
 that needs the network (for instance MathJax from a CDN) fails. Full-page screenshots are
 saved in the test's tmp_path.
 """
@@ -151,6 +154,53 @@ FIND_BROKEN_IMAGES = """async () => {
 }"""
 
 
+# The link to the same page in the other edition (_ext/language_switch.py): its absolute URL,
+# whether it is shown, and the HTTP status of what it points to.
+LANGUAGE_LINK = """async () => {
+  const found = [];
+  for (const a of document.querySelectorAll('a.language-switch-link')) {
+    const box = a.getBoundingClientRect();
+    let status = 0;
+    try { status = (await fetch(a.href)).status; } catch (e) { status = -1; }
+    found.push({href: a.href, status, visible: box.width > 0 && box.height > 0});
+  }
+  return found;
+}"""
+
+# A few distinct Chinese characters of the page's visible text, drawn on a canvas in the font of
+# the element that shows them: without a CJK font they come out blank or as identical boxes.
+CJK_GLYPHS = """() => {
+  let element = null, chars = [];
+  const visit = (root) => {  // the element whose text has the most distinct characters (up to 4)
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let n = walker.nextNode(); n && chars.length < 4; n = walker.nextNode()) {
+      const parent = n.parentElement;
+      if (!parent || parent.closest('script, style') || !parent.getClientRects().length) continue;
+      const found = [...new Set(n.textContent.match(/[\u4e00-\u9fff]/g) || [])];
+      if (found.length > chars.length) [element, chars] = [parent, found.slice(0, 6)];
+    }
+  };
+  for (const root of [document.querySelector('main'), document.body]) {
+    if (root && chars.length < 4) visit(root);
+  }
+  if (!element) return null;
+  const style = getComputedStyle(element);
+  const canvas = document.createElement('canvas');
+  canvas.width = canvas.height = 48;
+  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  ctx.font = `${style.fontWeight} 32px ${style.fontFamily}`;
+  const signatures = chars.map(ch => {
+    ctx.clearRect(0, 0, 48, 48);
+    ctx.fillText(ch, 4, 38);
+    const alpha = ctx.getImageData(0, 0, 48, 48).data.filter((_, i) => i % 4 === 3);
+    return alpha.join(',');
+  });
+  return {text: chars.join(''), family: style.fontFamily,
+          distinct: new Set(signatures).size,
+          blank: signatures.filter(s => !/[1-9]/.test(s)).length};
+}"""
+
+
 def _chromium_or_skip() -> None:
     reason = None
     try:
@@ -200,7 +250,10 @@ def browser():
             chromium.close()
 
 
-def test_page_renders_offline(browser, site, toc_page, tmp_path):
+def _open(browser, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> dict:
+    """Open one page at 1280 px with only local requests allowed, wait for MathJax, and return
+    what the checks read from it (and from ``extra``: {key: JavaScript function}), the requests
+    blocked and the problems the browser reported."""
     problems: list[str] = []
     blocked: list[str] = []
 
@@ -232,8 +285,8 @@ def test_page_renders_offline(browser, site, toc_page, tmp_path):
     page.on("requestfailed", on_request_failed)
     page.on("response", on_response)
     try:
-        response = page.goto(f"{site}/{toc_page}.html", wait_until="load", timeout=60_000)
-        assert response is not None and response.ok, f"{toc_page}.html: HTTP error"
+        response = page.goto(url, wait_until="load", timeout=60_000)
+        assert response is not None and response.ok, f"{url}: HTTP error"
 
         has_math = page.evaluate("() => document.querySelectorAll('.math').length > 0")
         if has_math:
@@ -242,42 +295,76 @@ def test_page_renders_offline(browser, site, toc_page, tmp_path):
                     "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
                     timeout=30_000)
             except Exception:
-                pytest.fail(f"{toc_page}: the page has math but MathJax did not start; "
+                pytest.fail(f"{name}: the page has math but MathJax did not start; "
                             f"blocked non-local requests: {blocked}")
             page.evaluate("() => MathJax.startup.promise")
-        math = page.evaluate(FIND_UNTYPESET_MATH)
-        raw = page.evaluate(FIND_RAW_MATH)
-        broken = page.evaluate(FIND_BROKEN_IMAGES)
-        overflow = page.evaluate(FIND_OVERFLOW)
-        wrapped = page.evaluate(FIND_WRAPPED_CODE)
-        width = page.evaluate(PAGE_WIDTH)
-        nbval = page.evaluate(FIND_NBVAL)
-        banner = page.evaluate(BANNER)
+        checks = {"math": FIND_UNTYPESET_MATH, "raw": FIND_RAW_MATH, "broken": FIND_BROKEN_IMAGES,
+                  "overflow": FIND_OVERFLOW, "wrapped": FIND_WRAPPED_CODE, "width": PAGE_WIDTH,
+                  "nbval": FIND_NBVAL, "banner": BANNER, **extra}
+        found = {key: page.evaluate(script) for key, script in checks.items()}
         page.wait_for_load_state("networkidle", timeout=30_000)
-        shot = tmp_path / f"{toc_page.replace('/', '__')}.png"
+        shot = tmp_path / f"{name.replace('/', '__')}.png"
         page.screenshot(path=str(shot), full_page=True)
     finally:
         context.close()
+    print(f"{name}: {found['math']['count']} math elements; blocked non-local requests: "
+          f"{blocked}; screenshot {shot}")
+    assert shot.stat().st_size > 0
+    return {**found, "blocked": blocked, "problems": problems}
 
-    print(f"{toc_page}: {math['count']} math elements; blocked non-local requests: {blocked}; "
-          f"screenshot {shot}")
-    needed = [u for u in blocked if "mathjax" in u.lower()]
-    assert not needed, f"{toc_page} requests MathJax from the network: {needed}"
-    assert not math["bad"], f"{toc_page}: math not typeset by MathJax: {math['bad']}"
-    assert not raw, f"{toc_page}: raw TeX left in the page: {raw}"
-    assert not broken, f"{toc_page}: images that did not load: {broken}"
-    assert not overflow, (f"{toc_page}: needs horizontal scrolling at 1280 px (split the equation, "
-                          f"shorten the line to about 80 characters): {overflow}")
+
+def _check_common(name: str, found: dict, banner_text: str) -> None:
+    """What every page of either edition must satisfy."""
+    needed = [u for u in found["blocked"] if "mathjax" in u.lower()]
+    assert not needed, f"{name} requests MathJax from the network: {needed}"
+    assert not found["math"]["bad"], f"{name}: math not typeset by MathJax: {found['math']['bad']}"
+    assert not found["raw"], f"{name}: raw TeX left in the page: {found['raw']}"
+    assert not found["broken"], f"{name}: images that did not load: {found['broken']}"
+    assert not found["overflow"], (
+        f"{name}: needs horizontal scrolling at 1280 px (split the equation, shorten the line to "
+        f"about 80 characters): {found['overflow']}")
+    width = found["width"]
     assert width["scroll"] <= width["client"] + 1, (
-        f"{toc_page} scrolls sideways at 1280 px: {width['scroll']} px wide in {width['client']}")
-    assert not wrapped, (f"{toc_page}: code lines that wrap (keep lab code to 80 columns):\n"
-                         + "\n".join(wrapped))
-    assert not nbval, f"{toc_page} shows nbval's markers (use the cell tag): {nbval}"
+        f"{name} scrolls sideways at 1280 px: {width['scroll']} px wide in {width['client']}")
+    assert not found["wrapped"], (f"{name}: code lines that wrap (keep lab code to 80 columns):\n"
+                                  + "\n".join(found["wrapped"]))
+    assert not found["nbval"], f"{name} shows nbval's markers (use the cell tag): {found['nbval']}"
+    banner = found["banner"]
     if PLACEHOLDER:
-        assert banner and "Not yet published" in banner, (
-            f"{toc_page}: no visible 'not yet published' banner while repository.url is the "
+        assert banner and banner_text in banner, (
+            f"{name}: no visible 'not yet published' banner while repository.url is the "
             f"placeholder ({banner!r})")
     else:
-        assert banner is None, f"{toc_page} still shows the placeholder banner: {banner!r}"
-    assert not problems, f"{toc_page}:\n" + "\n".join(problems)
-    assert shot.stat().st_size > 0
+        assert banner is None, f"{name} still shows the placeholder banner: {banner!r}"
+    assert not found["problems"], f"{name}:\n" + "\n".join(found["problems"])
+
+
+def _check_language_link(name: str, found: dict, expected_url: str) -> None:
+    link = found["language_link"]
+    assert len(link) == 1, f"{name}: {len(link)} links to the other edition (one expected)"
+    assert link[0]["href"] == expected_url, (
+        f"{name}: the language link goes to {link[0]['href']}, not {expected_url}")
+    assert link[0]["status"] == 200 and link[0]["visible"], f"{name}: language link {link[0]}"
+
+
+def test_page_renders_offline(browser, site, toc_page, tmp_path):
+    found = _open(browser, f"{site}/{toc_page}.html", toc_page, tmp_path,
+                  {"language_link": LANGUAGE_LINK})
+    _check_common(toc_page, found, "Not yet published")
+    _check_language_link(toc_page, found, f"{site}/zh/{toc_page}.html")
+
+
+def test_chinese_page_renders_offline(browser, site, toc_page, tmp_path):
+    """The same checks on the Chinese edition's page, and: its Chinese text is drawn with real
+    glyphs (a CJK font), and its language link leads back to the English page."""
+    name = f"zh/{toc_page}"
+    found = _open(browser, f"{site}/zh/{toc_page}.html", name, tmp_path,
+                  {"language_link": LANGUAGE_LINK, "cjk": CJK_GLYPHS})
+    _check_common(name, found, "尚未发布")
+    _check_language_link(name, found, f"{site}/{toc_page}.html")
+    cjk = found["cjk"]
+    assert cjk is not None, f"{name}: no Chinese text on the page"
+    print(f"{name}: CJK sample {cjk['text']!r} in {cjk['family']}")
+    assert cjk["blank"] == 0 and cjk["distinct"] == len(cjk["text"]), (
+        f"{name}: Chinese characters {cjk['text']!r} are drawn as blanks or identical boxes in "
+        f"{cjk['family']} ({cjk}): no font with CJK glyphs (apt-get install fonts-noto-cjk)")

@@ -1,0 +1,377 @@
+"""The Chinese edition: complete and current catalogues, the glossary kept, both editions built and
+linked page to page, and the Chinese exercise notebooks made from their catalogue.
+
+The catalogues are checked against message templates regenerated here from the English sources
+(scripts/i18n.py, the gettext builder into a temporary folder), so a change to an English
+paragraph fails this test until its translation follows. The built editions come from the one
+book build of the session (the ``built_book`` fixture, shared with test_book.py and
+test_browser.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCALE_DIR = ROOT / "locales" / "zh_CN" / "LC_MESSAGES"
+
+# The book's build is shared with test_book.py and test_browser.py: one worker builds it.
+pytestmark = pytest.mark.xdist_group("book")
+
+
+def _load(name: str, path: Path):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+i18n = _load("i18n_script", ROOT / "scripts" / "i18n.py")
+switch = _load("language_switch", ROOT / "_ext" / "language_switch.py")
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory) -> Path:
+    """The message templates (.pot) of the current English sources."""
+    return i18n.make_templates(tmp_path_factory.mktemp("pot"))
+
+
+# ----------------------------------------------------------------------------- completeness
+def test_every_message_is_translated_and_current(templates):
+    results = i18n.compare(templates)
+    print(i18n.report(results, details=False))
+    done, total = i18n.share(results)
+    print(f"Chinese edition: {done} of {total} messages translated "
+          f"({100 * done / max(total, 1):.1f}%)")
+    bad = [c for c in results if not c.ok]
+    assert not bad, ("untranslated, fuzzy, obsolete or stale messages (scripts/i18n.py update, "
+                     "then translate; scripts/i18n.py check lists them):\n"
+                     + i18n.report(bad, details=True))
+
+
+def test_every_page_and_the_notebooks_have_a_template(templates):
+    """The templates cover every page of the book and the exercise notebooks: nothing escapes
+    the check above because it has no template."""
+    toc_pages = _load("book_conftest", ROOT / "conftest.py").toc_pages
+    names = {p.relative_to(templates).with_suffix("").as_posix() for p in templates.rglob("*.pot")}
+    assert set(toc_pages()) | {i18n.NOTEBOOKS_DOMAIN} <= names, sorted(names)
+
+
+def _copy_catalogue(templates: Path, tmp_path: Path, name: str = "exercises/index"):
+    """A copy of one template and a complete catalogue for it, in tmp_path: (pot_dir, po path)."""
+    from babel.messages.pofile import write_po
+
+    pot_dir, locale = tmp_path / "pot", tmp_path / "locale"
+    (pot_dir / name).parent.mkdir(parents=True)
+    shutil.copy2(templates / f"{name}.pot", pot_dir / f"{name}.pot")
+    catalog = i18n.read_catalogue(pot_dir / f"{name}.pot")
+    for m in catalog:
+        if m.id:
+            m.string = "译文 " + m.id
+    po = locale / f"{name}.po"
+    po.parent.mkdir(parents=True)
+    with open(po, "wb") as f:
+        write_po(f, catalog)
+    return pot_dir, locale, po
+
+
+def _rewrite(po: Path, change) -> None:
+    from babel.messages.pofile import write_po
+
+    catalog = i18n.read_catalogue(po)
+    change(catalog)
+    with open(po, "wb") as f:
+        write_po(f, catalog)
+
+
+def test_the_check_finds_each_kind_of_gap(templates, tmp_path):
+    """The completeness check, on a copy: a complete catalogue passes, each kind of gap fails."""
+    pot_dir, locale, po = _copy_catalogue(templates, tmp_path)
+    first = next(m.id for m in i18n.read_catalogue(po) if m.id)
+    [clean] = i18n.compare(pot_dir, locale)
+    assert clean.ok and clean.translated == clean.total > 0
+
+    def untranslate(cat):
+        cat[first].string = ""
+
+    def fuzz(cat):
+        cat[first].flags.add("fuzzy")
+
+    def add_stale(cat):
+        cat.add("A paragraph the English no longer has.", "不再有的段落。")
+
+    def obsolete(cat):
+        from babel.messages.catalog import Message
+
+        cat.obsolete["Gone"] = Message("Gone", "已删除")  # written as "#~ msgid" lines
+
+    expected = {untranslate: "untranslated", fuzz: "fuzzy", add_stale: "stale",
+                obsolete: "obsolete"}
+    for change, kind in expected.items():
+        pot_dir, locale, po = _copy_catalogue(templates, tmp_path / kind)
+        _rewrite(po, change)
+        [counts] = i18n.compare(pot_dir, locale)
+        assert not counts.ok and getattr(counts, kind), f"{kind} not found: {counts}"
+
+    # A message the English gained (it is in the template, not in the catalogue) is untranslated.
+    pot_dir, locale, po = _copy_catalogue(templates, tmp_path / "gained")
+    _rewrite(po, lambda cat: cat.delete(first))
+    [counts] = i18n.compare(pot_dir, locale)
+    assert counts.untranslated == [first]
+    # A catalogue without a template, and a template without a catalogue, both fail.
+    (locale / "orphan.po").write_bytes(po.read_bytes())
+    (pot_dir / "new_page.pot").write_bytes((pot_dir / "exercises" / "index.pot").read_bytes())
+    problems = {c.name: c.problem for c in i18n.compare(pot_dir, locale)}
+    assert problems["orphan"] and problems["new_page"]
+
+
+# ----------------------------------------------------------------------------- glossary
+def test_the_glossary_is_kept():
+    problems = i18n.glossary_problems()
+    assert not problems, ("translations that do not use the glossary's term "
+                          "(locales/zh_CN/GLOSSARY.md):\n" + "\n".join(problems))
+
+
+def test_glossary_rule(tmp_path):
+    terms = i18n.glossary()
+    assert {"micro-batch", "KV cache", "activation checkpointing"} <= set(terms)
+    pattern = i18n.term_pattern("micro-batch")
+    for text in ("two micro batches", "micro-batches", "Micro-Batch size"):
+        assert pattern.search(text), text
+    assert not i18n.term_pattern("shard").search("reshard the shard_params")
+    # On a catalogue: the term in code is not prose; in prose, the Chinese term must be there.
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    catalog = Catalog(locale="zh_CN")
+    catalog.add("Each rank keeps one shard.", "每个 rank 保留一个切片。")  # not the glossary's
+    catalog.add("Each rank keeps one shard of the states.", "每个 rank 保留状态的一个分片。")
+    catalog.add("Call `shard(x)`.", "调用 `shard(x)`。")
+    (tmp_path / "page.po").parent.mkdir(exist_ok=True)
+    with open(tmp_path / "page.po", "wb") as f:
+        write_po(f, catalog)
+    problems = i18n.glossary_problems(tmp_path)
+    assert len(problems) == 1 and "切片" in problems[0], problems
+
+
+# ----------------------------------------------------------------------------- exercise notebooks
+def _student_notebooks():
+    return sorted((ROOT / "exercises" / "student").glob("*.ipynb"))
+
+
+def test_chinese_exercise_notebooks_are_up_to_date():
+    """exercises/student/zh/ is what the catalogue makes of the English student notebooks
+    (scripts/exercises.py build writes it): same code, tests and metadata, translated prose."""
+    translations = i18n.translations_of(LOCALE_DIR / f"{i18n.NOTEBOOKS_DOMAIN}.po")
+    committed = sorted(p.name for p in (ROOT / "exercises" / "student" / "zh").glob("*.ipynb"))
+    assert committed == [p.name for p in _student_notebooks()]
+    for path in _student_notebooks():
+        english = json.loads(path.read_text(encoding="utf-8"))
+        fresh, _ = i18n.translate_notebook(english, translations)
+        zh = json.loads((path.parent / "zh" / path.name).read_text(encoding="utf-8"))
+        assert zh == fresh, f"exercises/student/zh/{path.name} is stale: scripts/exercises.py build"
+        code = [c for c in english["cells"] if c["cell_type"] != "markdown"]
+        assert [c for c in zh["cells"] if c["cell_type"] != "markdown"] == code
+        assert zh["metadata"]["otter"] == english["metadata"]["otter"]
+
+
+def test_markdown_blocks_round_trip():
+    text = "# Title\n\nA paragraph\nover two lines.\n\n```python\nx = 1\n\ny = 2\n```\n\n---"
+    blocks = i18n.markdown_blocks(text)
+    assert blocks == ["# Title", "A paragraph\nover two lines.", "```python\nx = 1\n\ny = 2\n```",
+                      "---"]
+    assert [i18n.is_message(b) for b in blocks] == [True, True, False, False]
+    nb = {"cells": [{"cell_type": "markdown", "source": text.splitlines(keepends=True)}],
+          "metadata": {}}
+    out, missing = i18n.translate_notebook(nb, {"# Title": "# 标题"})
+    assert "".join(out["cells"][0]["source"]).startswith("# 标题\n\nA paragraph")
+    assert missing == ["A paragraph\nover two lines."]
+
+
+# ----------------------------------------------------------------------------- the built editions
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.switch: list[str] = []
+        self.html_lang = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        attrs = dict(attrs)
+        if tag == "html":
+            self.html_lang = attrs.get("lang")
+        if tag == "a" and "language-switch-link" in (attrs.get("class") or ""):
+            self.switch.append(attrs.get("href", ""))
+
+
+def _links(page: Path) -> _Links:
+    parser = _Links()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+def test_twin_urls():
+    en, zh = switch.edition_of("en"), switch.edition_of("zh_CN")
+    assert switch.twin_url("intro.html", "en", zh) == "zh/intro.html"
+    assert switch.twin_url("chapters/02_zero.html", "en", zh) == "../zh/chapters/02_zero.html"
+    assert switch.twin_url("intro.html", "zh_CN", en) == "../intro.html"
+    assert switch.twin_url("labs/02_zero.html", "zh_CN", en) == "../../labs/02_zero.html"
+    with pytest.raises(ValueError, match="language"):
+        switch.edition_of("fr")
+
+
+def test_chinese_page_is_built_and_links_both_ways(built_book, toc_page):
+    """Every page exists in both editions, each links to the other, and the links resolve to the
+    twin page as files (so they work from file:// too)."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    en_page = built_book.html / f"{toc_page}.html"
+    zh_page = built_book.zh_html / f"{toc_page}.html"
+    assert zh_page.is_file(), f"no Chinese page for {toc_page}"
+    assert re.search(r"<h1[ >]", zh_page.read_text(encoding="utf-8")), f"zh {toc_page}: no <h1>"
+    for page, twin in ((en_page, zh_page), (zh_page, en_page)):
+        links = _links(page)
+        assert len(links.switch) == 1, f"{page}: {len(links.switch)} language links"
+        target = (page.parent / unquote(urlsplit(links.switch[0]).path)).resolve()
+        assert target == twin.resolve(), f"{page}: the language link leads to {target}"
+    assert _links(zh_page).html_lang.lower().startswith("zh"), f"{zh_page}: not marked Chinese"
+    assert (built_book.zh_html / "_static" / "mathjax" / "tex-mml-chtml.js").is_file()
+
+
+def test_chinese_page_images_and_glued_numbers(built_book, toc_page):
+    """The Chinese page shows the same figures (the same image files) and the same glued numbers
+    as the English one: they come from the labs, not from a copy."""
+    pages = (built_book.html / f"{toc_page}.html", built_book.zh_html / f"{toc_page}.html")
+    texts = [p.read_text(encoding="utf-8") for p in pages]
+    imgs = [re.findall(r'<img[^>]*src="([^"]+)"', t) for t in texts]
+    assert len(imgs[0]) == len(imgs[1]), (
+        f"{toc_page}: {len(imgs[0])} images in English, {len(imgs[1])} in Chinese")
+    for src in imgs[1]:
+        if urlsplit(src).scheme not in ("http", "https", "data"):
+            target = (pages[1].parent / unquote(urlsplit(src).path)).resolve()
+            assert target.is_file(), f"zh {toc_page}: <img src={src!r}> is missing"
+    glued = [re.findall(r'<span class="pasted-text">(.*?)</span>', t) for t in texts]
+    assert sorted(glued[0]) == sorted(glued[1]), f"{toc_page}: glued numbers differ: {glued}"
+
+
+class _ProseText(HTMLParser):
+    """A page's text outside <script>, <style>, <pre> and <code>."""
+
+    SKIP = ("script", "style", "pre", "code")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self._skip += tag in self.SKIP
+
+    def handle_endtag(self, tag: str) -> None:
+        self._skip -= tag in self.SKIP and self._skip > 0
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)
+
+
+# Markup that a translation broke, so that it shows as text: a MyST role, a reference-style link
+# (its definition is not in the message), an inline link, a directive fence.
+RAW_MARKUP = re.compile(r"\{[\w:.-]+\}`|\]\[[^\]\s]*\]|\]\((?:https?:|\.{0,2}/|#)[^)\s]*\)"
+                        r"|^\s*(?:```|:::)\s*\{", re.M)
+
+
+def test_no_page_shows_raw_markup(built_book, toc_page):
+    """A translation keeps MyST's roles and links working: none shows as raw text."""
+    for html in (built_book.html, built_book.zh_html):
+        text = _ProseText()
+        text.feed((html / f"{toc_page}.html").read_text(encoding="utf-8"))
+        raw = RAW_MARKUP.findall("".join(text.parts))
+        assert not raw, f"{html.name}/{toc_page}: raw MyST markup shown as text: {raw}"
+
+
+# ----------------------------------------------------------------------------- verbatim parts
+def test_translations_keep_roles_code_math_and_urls():
+    """A translation keeps every role's target (labels, glue names, citation keys), inline code,
+    math and URL of its English message: the glued numbers and references are the same ones."""
+    problems = i18n.verbatim_problems()
+    assert not problems, "translations that lost or altered verbatim parts:\n" + "\n".join(problems)
+
+
+def test_verbatim_parts():
+    english = ("See {numref}`Figure %s <fig-zero>`, {glue:text}`zero_saving:.1f` and `shard(x)` "
+               "for $2\\Psi$ (https://arxiv.org/abs/1910.02054).")
+    parts = i18n.verbatim_parts(english)
+    assert parts == {("{numref}", "fig-zero"), ("{glue:text}", "zero_saving:.1f"),
+                     ("code", "shard(x)"), ("math", "\\Psi"),  # numerals aside
+                     ("url", "https://arxiv.org/abs/1910.02054")}
+    good = ("见{numref}`图 %s <fig-zero>`、{glue:text}`zero_saving:.1f` 和 `shard(x)`，"
+            "对应 $2\\Psi$（https://arxiv.org/abs/1910.02054）。")
+    assert parts <= i18n.verbatim_parts(good)
+    bad = good.replace("zero_saving:.1f", "zero_saving")
+    assert parts - i18n.verbatim_parts(bad) == {("{glue:text}", "zero_saving:.1f")}
+
+
+def test_a_glue_role_in_a_translated_lab_paragraph_reads_the_lab():
+    """A bare {glue:text} key, parsed outside its notebook's parse (a translated paragraph), reads
+    the notebook's stored glue data: the same number in both editions."""
+    glue = _load("i18n_glue", ROOT / "_ext" / "i18n_glue.py")
+
+    class Env:
+        docname = "labs/03_checkpointing"
+
+        def doc2path(self, docname):
+            return ROOT / f"{docname}.ipynb"
+
+    class Document(dict):
+        settings = type("Settings", (), {"env": Env()})()
+
+    translated = Document()
+    assert glue.own_notebook_text("ckpt_block_over_input", translated, with_format=True) == \
+        "03_checkpointing.ipynb::ckpt_block_over_input:s"
+    assert glue.own_notebook_text("saving:.1f", translated, with_format=True) == \
+        "03_checkpointing.ipynb::saving:.1f"
+    assert glue.own_notebook_text("../labs/02_zero.ipynb::x:.1f", translated) == \
+        "../labs/02_zero.ipynb::x:.1f"
+    parsing = Document(nb_renderer=object())  # the notebook's own parse: left alone
+    assert glue.own_notebook_text("ckpt_block_over_input", parsing) == "ckpt_block_over_input"
+
+
+def test_publishing_rewrites_the_address_in_the_catalogues(tmp_path):
+    """scripts/set_repo_url.py writes the new address into the catalogues too, English and
+    translation, even where the catalogue wraps the URL over two lines: publishing leaves no
+    translation stale."""
+    sru = _load("set_repo_url_script", ROOT / "scripts" / "set_repo_url.py")
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    root = tmp_path / "course"
+    root.mkdir()
+    for name in ("_config.yml", "GPU_RESULTS.md"):
+        shutil.copy2(ROOT / name, root / name)
+    old_repo, branch = sru.read_setting(root)
+    link = f"[GPU_RESULTS.md](https://github.com/{old_repo}/blob/{branch}/GPU_RESULTS.md)"
+    catalog = Catalog(locale="zh_CN")
+    catalog.add(f"No GPU run has been recorded here yet, as the file says: {link}.",
+                f"这里还没有记录 GPU 运行，见 {link}。")
+    po = root / "locales" / "zh_CN" / "LC_MESSAGES" / "GPU_RESULTS.po"
+    po.parent.mkdir(parents=True)
+    with open(po, "wb") as f:
+        write_po(f, catalog, width=76)
+    assert link not in po.read_text(encoding="utf-8")  # wrapped: a text edit would miss it
+    assert sru.disagreements(root) == []
+    changed = sru.set_repo_url("https://github.com/new-owner/gpu-course", "published", root)
+    assert po in changed
+    [message] = [m for m in i18n.read_catalogue(po) if m.id]
+    new_link = "(https://github.com/new-owner/gpu-course/blob/published/GPU_RESULTS.md)"
+    assert new_link in message.id and new_link in message.string, message
+    assert sru.disagreements(root) == []
