@@ -9,10 +9,9 @@ because the first s_q - s_k queries would then see no key at all.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .. import attention
 from ..validate import check_bool, check_int
 
 __all__ = ["check_inputs", "causal_mask", "standard_attention"]
@@ -56,9 +55,7 @@ def causal_mask(s_q: int, s_k: int, device=None) -> torch.Tensor:
     if s_q > s_k:
         raise ValueError(f"s_q={s_q} > s_k={s_k}: bottom-right aligned, the first {s_q - s_k} "
                          "queries would see no key (their softmax would be nan); use s_q <= s_k")
-    rows = torch.arange(s_q, device=device)[:, None]  # (s_q, 1)
-    cols = torch.arange(s_k, device=device)[None, :]  # (1, s_k)
-    return cols > rows + (s_k - s_q)
+    return ~attention.causal_mask(s_q, s_k, device=device)  # the core's rule, negated: hidden keys
 
 
 def standard_attention(q, k, v, causal: bool = False, *, return_lse: bool = False):
@@ -69,8 +66,6 @@ def standard_attention(q, k, v, causal: bool = False, *, return_lse: bool = Fals
     """
     check_inputs(q, k, v, causal)
     check_bool("return_lse", return_lse)
-    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (..., s_q, s_k)
-    if causal:
-        s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
-    out = torch.softmax(s, dim=-1) @ v  # (..., s_q, d)
-    return (out, torch.logsumexp(s, dim=-1)) if return_lse else out
+    # labkit.attention's reference, its softmax kept in the inputs' dtype: the plain PyTorch
+    # attention a low-precision kernel is compared with
+    return attention.reference_attention(q, k, v, causal=causal, return_lse=return_lse, softmax_dtype=q.dtype)
