@@ -135,7 +135,9 @@ def reference_attention(q, k, v, *, causal: bool = False, q_offset=None, k_offse
         s = torch.where(visible, s, float("-inf"))
     if softmax_dtype != s.dtype:
         s = s.to(softmax_dtype)
+    lse = torch.logsumexp(s, dim=-1) if return_lse else None  # -inf where a row sees nothing
     p = F.softmax(s, dim=-1)  # a row that sees nothing is nan here, zeroed below
+    del s  # backward keeps p, not the scores: free them now, as an inline softmax would
     if empty_rows:
         p = torch.where(visible.any(-1, keepdim=True), p, 0.0)
     if dropout_p > 0:
@@ -145,7 +147,6 @@ def reference_attention(q, k, v, *, causal: bool = False, q_offset=None, k_offse
         out = out.flatten(-4, -3)
     if not return_lse:
         return out
-    lse = torch.logsumexp(s, dim=-1)  # -inf where a row sees nothing
     return out, (lse.flatten(-3, -2) if group > 1 else lse)
 
 
