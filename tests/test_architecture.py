@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LABKIT = ROOT / "labkit"
 # One package (or module) per technique; they may import the core, never each other.
 TECHNIQUES = ("zero", "checkpoint", "accumulate", "tensor_parallel", "pipeline", "flash_attention",
-              "paged_attention")
+              "paged_attention", "context_parallel")
 # The only modules whose job is to compose techniques: what a lab's ranks run, 3D parallelism.
 COMPOSING = ("runs",)
 MAX_LINES = 300
