@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import importlib
 
-from .analytic import (LAYOUTS, attention_activation_fraction, block_flops, causal_pairs, check_cp_seq_len,
+from .analytic import (LAYOUTS, attention_activation_fraction, block_flops, causal_pairs, check_cp_seq_len, computed_blocks,
                        chunk_offsets, chunks_of_rank, hide_chunk_tokens, ring_bytes_per_layer)
 
 _LAZY = {"shard_sequence": "shard", "unshard_sequence": "shard", "shard_positions": "shard",
          "RingAttention": "ring", "ring_attention": "ring", "check_ring_inputs": "ring",
-         "apply_context_parallel": "apply", "ContextParallelGradSum": "apply"}
+         "apply_context_parallel": "apply", "ContextParallelGradSum": "apply", "check_cp_group": "apply"}
 
-__all__ = ["LAYOUTS", "attention_activation_fraction", "block_flops", "causal_pairs", "check_cp_seq_len",
+__all__ = ["LAYOUTS", "attention_activation_fraction", "block_flops", "causal_pairs", "check_cp_seq_len", "computed_blocks",
            "chunk_offsets", "chunks_of_rank", "hide_chunk_tokens", "ring_bytes_per_layer", *_LAZY]
 
 

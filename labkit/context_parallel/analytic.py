@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..hardware import get_gpu, peak_flops
 from ..validate import check_choice, check_int
 
-__all__ = ["LAYOUTS", "check_cp_seq_len", "chunks_of_rank", "chunk_offsets", "causal_pairs",
+__all__ = ["LAYOUTS", "check_cp_seq_len", "chunks_of_rank", "chunk_offsets", "causal_pairs", "computed_blocks",
            "ring_bytes_per_layer", "block_flops", "hide_chunk_tokens", "attention_activation_fraction"]
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -55,6 +55,12 @@ def causal_pairs(rank: int, cp_size: int, layout: str = "zigzag") -> float:
     Contiguous: (2i + 1) / cp², from 1/cp² to (2cp - 1)/cp²; zigzag: 1/cp on every rank."""
     n = _n_chunks(cp_size, layout)
     return sum((2 * j + 1) / n**2 for j in chunks_of_rank(rank, cp_size, layout))
+
+
+def computed_blocks(rank: int, cp_size: int, layout: str = "zigzag") -> int:
+    """Blocks of (s/n) x (s/n) scores rank computes under a causal mask, n = cp or 2 cp chunks:
+    its chunk j meets j earlier chunks whole and its own diagonal one (masked, but computed)."""
+    return sum(j + 1 for j in chunks_of_rank(rank, cp_size, layout))
 
 
 def ring_bytes_per_layer(batch_size: int, seq_len: int, n_kv_head: int, head_dim: int, cp_size: int,

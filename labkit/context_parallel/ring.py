@@ -136,7 +136,7 @@ class RingAttention(torch.autograd.Function):
         return dq, dkv_in[0], dkv_in[1], None, None, None, None
 
 
-def check_ring_inputs(q, k, v, cp_size: int, layout: str) -> None:
+def check_ring_inputs(q, k, v, layout: str, cp_size: int | None = None) -> None:
     """Raise ValueError unless q (..., h, n, d), k and v (..., h_kv, n, d) are shards ring
     attention can take: one shape for k and v, the same tokens and batch as q, h_kv dividing h,
     and (zigzag) n even, two chunks."""
@@ -153,8 +153,9 @@ def check_ring_inputs(q, k, v, cp_size: int, layout: str) -> None:
     if q.size(-3) % k.size(-3):
         raise ValueError(f"k's heads {k.size(-3)} must divide q's heads {q.size(-3)} (grouped-query attention)")
     if layout == "zigzag" and q.size(-2) % 2:
+        whole = "" if cp_size is None else f", {q.size(-2) * cp_size} tokens, by 2 * cp_size = {2 * cp_size}"
         raise ValueError(f"q.size(-2)={q.size(-2)} tokens on this rank: layout='zigzag' needs an even shard "
-                         f"(the sequence, {q.size(-2) * cp_size} tokens, divisible by 2 * cp_size = {2 * cp_size})")
+                         f"(the sequence divisible by 2 * cp_size{whole})")
 
 
 def _check_same_across_group(q, k, group) -> None:
@@ -179,9 +180,8 @@ def ring_attention(q, k, v, group=None, *, causal: bool = False, layout: str = "
     check_bool("causal", causal)
     check_choice("layout", layout, LAYOUTS)
     check_bool("check", check)
-    cp = dist.get_world_size(group)
     if check:
-        check_ring_inputs(q, k, v, cp, layout)
+        check_ring_inputs(q, k, v, layout, dist.get_world_size(group) if dist.is_initialized() else None)
         _check_same_across_group(q, k, group)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
     return RingAttention.apply(q, k, v, group, causal, layout, scale)
