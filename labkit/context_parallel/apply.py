@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..collectives import broadcast_from_rank0, check_same_across_ranks, queue_after_backward
+from ..collectives import INIT_SYNCS, FinishAfterBackward, sync_initial_state
 from ..data import IGNORE_INDEX
 from ..validate import check_bool, check_choice, check_int
 from .analytic import LAYOUTS, check_cp_seq_len
@@ -49,7 +49,8 @@ class ContextParallelGradSum:
 
     def __init__(self, params, group):
         self.params, self.group = [p for p in params if p.requires_grad], group
-        self._local, self._before, self.armed, self.reductions = {}, {}, False, 0
+        self._local, self._before, self.reductions = {}, {}, 0
+        self._finisher = FinishAfterBackward(self._finish)
         for i, p in enumerate(self.params):
             p.register_hook(partial(self._on_grad, i))
 
@@ -57,14 +58,11 @@ class ContextParallelGradSum:
         p = self.params[i]
         self._local[i] = grad
         self._before[i] = None if p.grad is None else p.grad.detach().clone()
-        if not self.armed:
-            self.armed = True
-            queue_after_backward(self._finish)
+        self._finisher.arm()
         return grad
 
     @torch.no_grad()
     def _finish(self) -> None:
-        self.armed = False
         flat = torch.cat([self._local[i].reshape(-1) if i in self._local else torch.zeros_like(p).reshape(-1)
                           for i, p in enumerate(self.params)])  # (n,): one size on every rank
         dist.all_reduce(flat, group=self.group)
@@ -148,13 +146,11 @@ def apply_context_parallel(model, group=None, *, layout: str = "zigzag", cp_size
     "check" refuses ranks whose parameters differ, "broadcast" copies group rank 0's, None trusts."""
     check_choice("layout", layout, LAYOUTS)
     check_bool("grad_sync", grad_sync)
-    check_choice("init_sync", init_sync, ("check", "broadcast", None))
+    check_choice("init_sync", init_sync, (*INIT_SYNCS, None))
     rank, cp = check_cp_group(group, cp_size)
     _check_model(model)
-    if init_sync == "check":
-        check_same_across_ranks(model.named_parameters(), group, what="parameters")
-    elif init_sync == "broadcast":
-        broadcast_from_rank0(list(model.parameters()), group)
+    if init_sync is not None:
+        sync_initial_state(model.named_parameters(), model.named_buffers(), group=group, init_sync=init_sync)
     if "loss" in model.__dict__:  # a technique's own loss (a mean over this rank's tokens)
         model._cp_inner_loss = model.__dict__.pop("loss")
     model.forward = types.MethodType(_cp_forward, model)  # an instance attribute shadows GPT.forward
