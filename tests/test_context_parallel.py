@@ -10,6 +10,10 @@ torch.testing.assert_close's float64 defaults (rtol 1e-7, atol 1e-7) separate th
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -151,3 +155,13 @@ def test_causal_work_sums_to_the_triangle_and_zigzag_splits_it_evenly(cp):
         assert sum(causal_pairs(r, cp, layout) for r in range(cp)) == pytest.approx(1.0, rel=1e-12)
     assert all(causal_pairs(r, cp, "zigzag") == pytest.approx(1 / cp, rel=1e-12) for r in range(cp))
     assert causal_pairs(cp - 1, cp, "contiguous") == pytest.approx((2 * cp - 1) / cp**2, rel=1e-12)
+
+
+def test_the_formulas_import_without_torch():
+    """The estimator and the planner call analytic.py where torch may be absent."""
+    code = ("import sys; import labkit.context_parallel as cp; "
+            "assert cp.ring_bytes_per_layer(1, 8, 1, 4, 2, 2) == 64; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
