@@ -15,6 +15,7 @@ from labkit.context_parallel import apply_context_parallel, ring_attention, shar
 from labkit.dist import CommCounter
 from labkit.memory import MemoryMeter, train_step
 from labkit.model import GPTConfig, build_model
+from labkit.parallel import ParallelDims, parallelize_gpt
 from labkit.tensor_parallel import apply_tensor_parallel
 
 DT = torch.float64
@@ -38,11 +39,12 @@ def ring_inputs(shape, seed):
             ((B, h, S, d), (B, h_kv, S, d), (B, h_kv, S, d), (B, h, S, d))]
 
 
-def batch(cfg, seed):
+def batch(cfg, seed, ignore=True):
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), generator=g)
     targets = torch.randint(cfg.vocab_size, (BATCH, cfg.seq_len), generator=g)
-    targets[0, :3] = -100  # a few positions with no target: the global count is what divides
+    if ignore:
+        targets[0, :3] = -100  # a few positions with no target: the global count is what divides
     return idx, targets
 
 
@@ -142,6 +144,19 @@ def _tp_cp(cfg, tp_group, cp_group, cp_rank):
     return {"losses": losses, "ln_f": model.ln_f.weight.detach().clone()}
 
 
+def _parallelized(cfg, dims, ignore):
+    """parallelize_gpt over a (dp, pp, cp, tp) mesh, STEPS steps of its plain loop: the losses
+    (each data-parallel replica's) and the parameters (this tensor-parallel rank's shards)."""
+    pm = parallelize_gpt(seeded_model(cfg), dims, dims.build_mesh("cpu"))
+    opt = pm.build_optimizer(torch.optim.SGD, lr=LR)
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        losses.append(pm.forward_backward(*pm.shard_batch(*batch(cfg, seed=step, ignore=ignore))))
+        opt.step()
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in pm.named_parameters()}}
+
+
 def cp_checks(rank, world_size):
     """Every distributed check of tests/test_context_parallel.py, on 4 ranks."""
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
@@ -156,16 +171,18 @@ def cp_checks(rank, world_size):
     res["memory"] = {cp: _memory(FAMILIES["llama"], g, r, cp)
                      for cp, g, r in ((1, singles[rank], 0), (2, pair, pair_rank), (4, None, rank))}
     res["tp_cp"] = _tp_cp(FAMILIES["gpt2"], pairs[rank // 2], cp_pairs[rank % 2], rank // 2)
+    res["parallelize"] = {"tp2_cp2": _parallelized(FAMILIES["gpt2"], ParallelDims(tp_size=2, cp_size=2), True),
+                          "dp2_cp2": _parallelized(FAMILIES["llama"], ParallelDims(dp_size=2, cp_size=2), False)}
     return res
 
 
-def reference_training(cfg):
+def reference_training(cfg, ignore=True):
     """The same STEPS steps in one process on the whole sequence: losses and parameters."""
     model = seeded_model(cfg)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS):
-        loss = model(*batch(cfg, seed=step))
+        loss = model(*batch(cfg, seed=step, ignore=ignore))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

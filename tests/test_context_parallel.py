@@ -113,6 +113,23 @@ def test_tp2_x_cp2_trains_like_one_process(runs):
         torch.testing.assert_close(r["tp_cp"]["ln_f"], want["ln_f"])
 
 
+@pytest.mark.roundoff
+def test_parallelize_gpt_composes_cp_with_tp_and_with_dp(runs):
+    """parallelize_gpt with tp = 2 x cp = 2, and with dp = 2 x cp = 2, under its plain loop."""
+    want = reference_training(FAMILIES["gpt2"])
+    for r in runs:
+        got = r["parallelize"]["tp2_cp2"]
+        torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]))
+        torch.testing.assert_close(got["params"]["ln_f.weight"], want["params"]["ln_f.weight"])
+    # every row has all its targets, so the mean of the replicas' means is the global mean
+    want = reference_training(FAMILIES["llama"], ignore=False)
+    for r in runs:
+        got = r["parallelize"]["dp2_cp2"]["params"]
+        assert set(got) == set(want["params"])
+        for name, p in want["params"].items():
+            torch.testing.assert_close(got[name], p, msg=lambda m: f"dp x cp {name}: {m}")
+
+
 def test_bad_input_on_ranks_is_refused_naming_it(runs):
     for r in runs:
         said = r["refusals"]
