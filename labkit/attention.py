@@ -104,7 +104,8 @@ def reference_attention(q, k, v, *, causal: bool = False, q_offset=None, k_offse
     ``mask``: a bool (..., s_q, s_k) of visible keys, broadcast over heads (ANDed with causal).
     scale: 1/sqrt(d) by default. The softmax runs in ``softmax_dtype`` (default float32, float64
     for float64 input). Returns out (..., h, s_q, d) in q's dtype, with ``return_lse`` also
-    L (..., h, s_q) in the softmax dtype. A row that sees no key gives out 0 and L = -inf.
+    L (..., h, s_q) in the softmax dtype. A row the causal mask leaves without a key gives out 0
+    and L = -inf (a ``mask`` alone must leave every row a key: its rows are not checked).
     """
     _check_qkv(q, k, v)
     check_bool("causal", causal)
@@ -113,6 +114,8 @@ def reference_attention(q, k, v, *, causal: bool = False, q_offset=None, k_offse
     check_float("dropout_p", dropout_p, 0.0, below=1.0)
     if softmax_dtype is None:
         softmax_dtype = torch.promote_types(q.dtype, torch.float32)
+    elif not (isinstance(softmax_dtype, torch.dtype) and softmax_dtype.is_floating_point):
+        raise ArgumentError(f"softmax_dtype={softmax_dtype!r} must be None or a floating torch.dtype")
     s_q, s_k = q.shape[-2], k.shape[-2]
     group = q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
     if group > 1:  # (..., h_kv, g, s, d) against (..., h_kv, 1, s_k, d): no copy of k and v
@@ -135,7 +138,9 @@ def reference_attention(q, k, v, *, causal: bool = False, q_offset=None, k_offse
         s = torch.where(visible, s, float("-inf"))
     if softmax_dtype != s.dtype:
         s = s.to(softmax_dtype)
+    lse = torch.logsumexp(s, dim=-1) if return_lse else None  # -inf where a row sees nothing
     p = F.softmax(s, dim=-1)  # a row that sees nothing is nan here, zeroed below
+    del s  # backward keeps p, not the scores: free them now, as an inline softmax would
     if empty_rows:
         p = torch.where(visible.any(-1, keepdim=True), p, 0.0)
     if dropout_p > 0:
@@ -145,7 +150,6 @@ def reference_attention(q, k, v, *, causal: bool = False, q_offset=None, k_offse
         out = out.flatten(-4, -3)
     if not return_lse:
         return out
-    lse = torch.logsumexp(s, dim=-1)  # -inf where a row sees nothing
     return out, (lse.flatten(-3, -2) if group > 1 else lse)
 
 

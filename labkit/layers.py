@@ -9,11 +9,12 @@ config asks; :mod:`labkit.model` builds the model (and re-exports the block's cl
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .attention import causal_mask as visible_keys
+from .attention import reference_attention
 
 __all__ = ["RMSNorm", "make_norm", "MLP", "SwiGLU", "make_mlp", "Rotary", "repeat_kv",
            "make_causal_mask", "AttentionCore", "CausalSelfAttention", "Block"]
@@ -130,35 +131,31 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 def make_causal_mask(seq_len: int, sliding_window: int | None = None) -> torch.Tensor:
     """(S, S) bool, True where query i may not see key j: j > i, and with a sliding window
-    also j <= i - window (each query sees its last ``window`` tokens, itself included)."""
-    mask = torch.ones(seq_len, seq_len, dtype=torch.bool).triu(diagonal=1)  # (S, S)
-    if sliding_window is not None:
-        mask |= torch.ones(seq_len, seq_len, dtype=torch.bool).tril(diagonal=-sliding_window)
-    return mask
+    also j <= i - window (each query sees its last ``window`` tokens, itself included).
+    The complement of :func:`labkit.attention.causal_mask`, which the model's core keeps."""
+    return ~visible_keys(seq_len, seq_len, sliding_window=sliding_window)  # (S, S)
 
 
 class AttentionCore(nn.Module):
     """softmax(q kᵀ / sqrt(d)) v with a causal mask and dropout on the probabilities.
 
-    q, k, v: (B, nh, T, hs) -> (B, nh, T, hs). The (B, nh, T, T) scores are materialised:
-    this is the 5as/h term of Korthikanti et al. (2022) that Chapter 7 removes.
+    q, k, v: (B, nh, T, hs) -> (B, nh, T, hs), by :func:`labkit.attention.reference_attention`
+    with the softmax in the activations' dtype. The (B, nh, T, T) scores are materialised: this
+    is the 5as/h term of Korthikanti et al. (2022) that Chapter 7 removes.
     """
 
     def __init__(self, causal_mask: torch.Tensor, dropout: float):
         super().__init__()
         self.dropout = dropout
-        # (S, S) bool, True where a key is hidden (the future; outside a sliding window);
-        # one tensor shared by every layer
+        # (S, S) bool, True where a key is visible (labkit.attention.causal_mask: the past and
+        # present, within a sliding window); one tensor shared by every layer, so the slice the
+        # backward keeps is no new activation
         self.register_buffer("causal_mask", causal_mask, persistent=False)
 
     def forward(self, q, k, v):
-        T, hs = q.size(-2), q.size(-1)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-        att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        if self.training and self.dropout > 0:
-            att = F.dropout(att, p=self.dropout, training=True)
-        return att @ v  # (B, nh, T, hs)
+        T = q.size(-2)
+        return reference_attention(q, k, v, mask=self.causal_mask[:T, :T], softmax_dtype=q.dtype,
+                                   dropout_p=self.dropout if self.training else 0.0)  # (B, nh, T, hs)
 
 
 class CausalSelfAttention(nn.Module):

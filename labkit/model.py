@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from .shapes import PRESETS as SHAPES
 from .shapes import ModelShape, ShapeProperties
 from .data import check_ids, check_targets
-from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_causal_mask, make_norm
+from .attention import causal_mask
+from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_norm
 from .layers import repeat_kv
 from .validate import ArgumentError, check_bool, check_float, check_int
 
@@ -144,7 +145,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         learned = cfg.pos == "learned"  # else rotary: no position table, q and k are rotated
         self.wpe = nn.Embedding(cfg.n_positions or cfg.seq_len, cfg.d_model) if learned else None
-        mask = make_causal_mask(cfg.seq_len, cfg.sliding_window)  # (S, S)
+        mask = causal_mask(cfg.seq_len, cfg.seq_len, sliding_window=cfg.sliding_window)  # (S, S) visible
         rope = None if learned else Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
         self.blocks = nn.ModuleList(Block(cfg, mask, rope) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)

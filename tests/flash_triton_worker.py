@@ -67,6 +67,32 @@ for name, dt, dev in (("triton", torch.float32, device), ("torch", torch.float32
 ref = lse_grads.pop("fp64")
 lse_rel = {n: [((a - b).norm() / b.norm()).item() for a, b in zip(v, ref)] for n, v in lse_grads.items()}
 lse_rel["round"] = [((b.float().double() - b).norm() / b.norm()).item() for b in ref]
+
+
+def _sdpa_gqa(q, k, v, causal):
+    """PyTorch's attention with each kv head repeated for its group of query heads (no labkit code)."""
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask if causal else None)
+
+
+# grouped-query attention: 4 query heads on 2 kv heads, in fp32, against SDPA on repeated kv heads
+gqa = []
+for causal in (False, True):
+    g = torch.Generator().manual_seed(11)
+    q, dout = torch.randn(1, 4, 19, 16, generator=g), torch.randn(1, 4, 19, 16, generator=g)
+    k, v = torch.randn(1, 2, 45, 16, generator=g), torch.randn(1, 2, 45, 16, generator=g)
+    runs = {}
+    for name, dt, dev in (("triton", torch.float32, device), ("torch", torch.float32, device),
+                          ("fp64", torch.float64, "cpu")):
+        xs = [t.to(dev, dt).requires_grad_() for t in (q, k, v)]
+        out = fa.FlashAttentionTriton.apply(*xs, causal)[0] if name == "triton" else _sdpa_gqa(*xs, causal)
+        runs[name] = [t.detach().cpu().double() for t in (out, *torch.autograd.grad(out, xs, dout.to(dev, dt)))]
+    ref = runs.pop("fp64")
+    gqa.append({"causal": causal, "shapes": [list(t.shape) for t in runs["triton"]],
+                "rel": {n: [((a - b).norm() / b.norm()).item() for a, b in zip(x, ref)] for n, x in runs.items()},
+                "round": [((b.float().double() - b).norm() / b.norm()).item() for b in ref]})
 print(json.dumps({"triton_at_import": triton_at_import, "device": device,
                   "interpreted": os.environ.get("TRITON_INTERPRET") == "1", "results": results,
-                  "lse_grad": lse_rel}))
+                  "lse_grad": lse_rel, "gqa": gqa}))

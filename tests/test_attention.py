@@ -127,6 +127,7 @@ def test_sliding_window_and_dropout_free_mask_argument():
     (lambda: reference_attention(*_qkv(), causal=True, q_offset=-1), r"q_offset=-1"),
     (lambda: reference_attention(*_qkv(), mask=torch.ones(5, 7)), r"mask must be a bool tensor"),
     (lambda: reference_attention(_qkv()[0].long(), *_qkv()[1:]), r"q.dtype=torch.int64"),
+    (lambda: reference_attention(*_qkv(), softmax_dtype="float32"), r"softmax_dtype='float32'"),
     (lambda: causal_mask(0, 3), r"s_q=0"),
     (lambda: causal_mask(2, 3, k_offset=True), r"k_offset=True"),
     (lambda: causal_mask(2, 3, sliding_window=0), r"sliding_window=0"),

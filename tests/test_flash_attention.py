@@ -103,6 +103,34 @@ def test_low_precision_error_is_at_most_twice_pytorchs(dtype, causal):
     assert flash[0].dtype == dtype and flash[1].dtype == torch.float32  # L is kept in fp32
 
 
+@pytest.mark.roundoff
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("h, h_kv", [(4, 2), (6, 1)])
+def test_grouped_query_inputs_equal_sdpa_on_repeated_kv_heads(h, h_kv, causal):
+    g = torch.Generator().manual_seed(h + h_kv)
+    s_q, s_k, d = 21, 37, 12  # odd lengths, no multiple of the tiles
+    q, dout = (torch.randn(2, h, s_q, d, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, h_kv, s_k, d, generator=g, dtype=torch.float64) for _ in range(2))
+    dl = torch.randn(2, h, s_q, generator=g, dtype=torch.float64)
+    mask = causal_lower_right(s_q, s_k) if causal else None
+
+    def reference(q, k, v):  # kv heads repeated for their query heads; autograd sums the copies back
+        k, v = (t.repeat_interleave(h // h_kv, dim=1) for t in (k, v))
+        scores = q @ k.transpose(-2, -1) / d ** 0.5
+        if causal:
+            scores = scores.masked_fill(~torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q), float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), torch.logsumexp(scores, -1)
+
+    results = []
+    for fn in (lambda *x: flash_attention(*x, causal=causal, block_q=8, block_k=16, return_lse=True), reference):
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*xs)
+        results.append((out, lse, *torch.autograd.grad((out * dout).sum() + (lse * dl).sum(), xs)))
+    for a, b in zip(*results):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)  # float64: sums of ~40 terms round at ~1e-15
+
+
 def test_saves_the_inputs_the_output_and_one_statistic():
     q, k, v, _ = _qkv(40, 40, 16, dtype=torch.float32)
     saved = []
@@ -350,6 +378,10 @@ def test_triton_kernels_in_a_subprocess():
     lse = report["lse_grad"]  # dq, dk, dv of a loss that uses L: the same fp32 rule
     for name, a, b, r in zip(["dq", "dk", "dv"], lse["triton"], lse["torch"], lse["round"]):
         assert a <= 2 * b + 2 * r, ("gradient through L", name, a, b, r)
+    for case in report["gqa"]:  # 4 query heads on 2 kv heads against SDPA on repeated kv heads, fp32
+        assert case["shapes"] == [[1, 4, 19, 16], [1, 4, 19, 16], [1, 2, 45, 16], [1, 2, 45, 16]]
+        for name, a, b, r in zip(["out", "dq", "dk", "dv"], case["rel"]["triton"], case["rel"]["torch"], case["round"]):
+            assert a <= 2 * b + 2 * r, ("gqa", case["causal"], name, a, b, r)
 
 
 def test_every_triton_dot_states_its_precision():

@@ -118,3 +118,64 @@ def test_a_cache_for_another_model_or_of_no_length_is_refused():
     with pytest.raises(ValueError, match="built for another model"):
         model(torch.zeros(1, 2, dtype=torch.long), kv_cache=other)  # once a RuntimeError in a copy
     assert other.length == 0
+
+
+# --- the Llama family: grouped-query attention and rotary positions through the cache ------------------
+LLAMA = GPTConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=48, seq_len=48, vocab_size=64,
+                  norm="rmsnorm", mlp="swiglu", pos="rope", tie_embeddings=False, bias=False)
+
+
+def _llama(n_kv_head=2):
+    torch.manual_seed(0)
+    return build_model(GPTConfig(**{**LLAMA.to_dict(), "n_kv_head": n_kv_head}), dtype=torch.float64).eval()
+
+
+class _PositionsFromZero(KVCache):
+    """A deliberately wrong cache: every chunk's rotary positions restart at 0."""
+
+    def begin(self, idx):
+        return super().begin(idx) - self.length
+
+
+@pytest.mark.roundoff
+@pytest.mark.parametrize("n_kv_head", [1, 2])
+def test_llama_gqa_cached_logits_match_the_full_forward_chunk_by_chunk(n_kv_head):
+    model = _llama(n_kv_head)
+    idx = torch.randint(0, LLAMA.vocab_size, (2, 20), generator=torch.Generator().manual_seed(2))
+    chunks = [(0, 9), (9, 10), (10, 16), (16, 20)]
+    with torch.no_grad():
+        full = model(idx)  # (B, T, V), recomputed without a cache
+        cache = KVCache.for_model(model, 2)
+        pieces = [model(idx[:, a:b], kv_cache=cache) for a, b in chunks]
+        wrong = KVCache.__new__(_PositionsFromZero)
+        wrong.__init__(LLAMA.n_layer, 2, n_kv_head, LLAMA.head_dim, LLAMA.seq_len, dtype=torch.float64)
+        unshifted = [model(idx[:, a:b], kv_cache=wrong) for a, b in chunks]
+    assert cache.k[0].shape == (2, n_kv_head, LLAMA.seq_len, LLAMA.head_dim)  # n_kv heads kept, not n_head
+    # fp64: only the summation order of the attention differs between the two paths
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
+    # rope needs each chunk's positions offset by the cache's length: without it the later chunks
+    # miss the same tolerance (the first chunk, at positions 0.., is right either way)
+    unshifted = torch.cat(unshifted, dim=1)
+    assert torch.allclose(unshifted[:, :9], full[:, :9], rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(unshifted[:, 9:], full[:, 9:], rtol=1e-10, atol=1e-10)
+
+
+def test_llama_gqa_greedy_with_cache_equals_recomputing_every_step():
+    model = _llama()
+    prompt = torch.randint(0, LLAMA.vocab_size, (3, 7), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(generate(model, prompt, 30), generate(model, prompt, 30, use_cache=False))
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, 4])
+def test_gqa_cache_bytes_measured_by_the_meter_are_the_formula_with_n_kv_head(n_kv_head):
+    from labkit.memory import MemoryMeter
+    from labkit.paged_attention import PagedKVCache, kv_bytes
+
+    model, e = _llama(n_kv_head), 8  # float64
+    with MemoryMeter() as meter:  # counts every storage allocated, without reading shapes
+        cache = KVCache.for_model(model, batch_size=3, max_len=40)  # kept alive while measured
+    assert meter.report().peak_bytes == kv_bytes(3 * 40, LLAMA.n_layer, n_kv_head, LLAMA.head_dim, e)
+    with MemoryMeter() as meter:
+        paged = PagedKVCache.for_model(model, num_blocks=10, block_size=4)
+    assert cache.k[0].size(1) == paged.k[0].size(1) == n_kv_head
+    assert meter.report().peak_bytes == kv_bytes(10 * 4, LLAMA.n_layer, n_kv_head, LLAMA.head_dim, e)

@@ -308,10 +308,10 @@ def test_techniques_refuse_what_they_do_not_implement(tmp_path):
     llama = build_model(GPTConfig(**LLAMA_TINY))
     _refuses(lambda m: split_stages(m, 2), llama, r"pipeline split implements GPT-2's block only.*pos='rope'")
     _refuses(lambda m: build_chunks(m, [(0, 1), (1, 2)], 2, 0), llama, "pipeline split")
-    _refuses(lambda m: KVCache.for_model(m, 1), llama, r"KVCache .*n_kv_head=2")
-    _refuses(lambda m: PagedKVCache.for_model(m, 4), llama, r"PagedKVCache .*pos='rope'")
-    _refuses(lambda m: Engine(m, num_blocks=4), llama, "PagedKVCache")
     windowed = build_model(GPTConfig(**{**LLAMA_TINY, "sliding_window": 4}))
+    _refuses(lambda m: KVCache.for_model(m, 1), windowed, r"KVCache .*sliding_window=4")
+    _refuses(lambda m: PagedKVCache.for_model(m, 4), windowed, r"PagedKVCache .*sliding_window=4")
+    _refuses(lambda m: Engine(m, num_blocks=4), windowed, "PagedKVCache")
     _refuses(apply_flash_attention, windowed, r"apply_flash_attention .*sliding_window=4")
     apply_flash_attention(build_model(GPTConfig(**LLAMA_TINY)))  # rope, GQA, SwiGLU: the core is all it swaps
     KVCache.for_model(build_model(GPTConfig(**{**LLAMA_TINY, "n_kv_head": None})), 1)  # rope MHA decodes

@@ -49,7 +49,8 @@ def test_the_default_block_is_gpt2s():
     assert block.attn.c_attn.out_features == 3 * 128 and block.attn.rope is None
     assert block.mlp.c_fc.out_features == 4 * 128 and not hasattr(block.mlp, "c_gate")
     assert model.wpe.num_embeddings == 64 and model.lm_head.weight is model.wte.weight
-    assert not block.attn.core.causal_mask.tril().any()  # causal only: no window
+    mask = block.attn.core.causal_mask  # True where a key is visible
+    assert torch.equal(mask, torch.ones_like(mask).tril())  # causal only: no window hides the past
 
 
 def test_embeddings_are_tied_and_loss_is_cross_entropy():

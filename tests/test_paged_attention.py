@@ -200,19 +200,21 @@ def _reference(q, k_cache, v_cache, tables, lens):
         keys = torch.stack([k_cache[tables[b][p // bs], :, p % bs] for p in range(L)], dim=1)  # (nh, L, hs)
         values = torch.stack([v_cache[tables[b][p // bs], :, p % bs] for p in range(L)], dim=1)
         mask = torch.arange(L)[None, :] <= (L - T + torch.arange(T))[:, None]  # (T, L), True = attend
+        n_rep = q.size(1) // keys.size(0)  # grouped-query attention: kv head of query head i is i // n_rep
+        keys, values = keys.repeat_interleave(n_rep, 0), values.repeat_interleave(n_rep, 0)  # (nh, L, hs)
         out.append(F.scaled_dot_product_attention(q[b], keys, values, attn_mask=mask))
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("T, block_size", [
-    (1, 1), (1, 4), (1, 16), (3, 1), (3, 16),
-    pytest.param(3, 4, marks=pytest.mark.roundoff),  # one case re-runs on other CPU kernels
+@pytest.mark.parametrize("T, block_size, n_kv", [
+    (1, 1, 2), (1, 4, 2), (1, 16, 2), (3, 1, 2), (3, 16, 2), (1, 4, 1), (3, 4, 1),
+    pytest.param(3, 4, 2, marks=pytest.mark.roundoff),  # one case re-runs on other CPU kernels
 ])
-def test_paged_attention_equals_contiguous_attention(T, block_size):
+def test_paged_attention_equals_contiguous_attention(T, block_size, n_kv):
     g = torch.Generator().manual_seed(block_size * 10 + T)
-    B, nh, hs, num_blocks = 4, 2, 8, 40
-    k_cache = torch.randn(num_blocks, nh, block_size, hs, generator=g, dtype=torch.float64)
-    v_cache = torch.randn(num_blocks, nh, block_size, hs, generator=g, dtype=torch.float64)
+    B, nh, hs, num_blocks = 4, 2, 8, 40  # n_kv = 1 < nh: grouped-query attention
+    k_cache = torch.randn(num_blocks, n_kv, block_size, hs, generator=g, dtype=torch.float64)
+    v_cache = torch.randn(num_blocks, n_kv, block_size, hs, generator=g, dtype=torch.float64)
     lens = torch.randint(T, 5 * block_size + 1, (B,), generator=g)
     perm = torch.randperm(num_blocks, generator=g).tolist()  # scattered physical blocks
     tables, width = [], max(math.ceil(int(n) / block_size) for n in lens)
@@ -314,7 +316,7 @@ MORE_BAD = [  # each was once a silent wrong result (read or written from the en
     (lambda: write_kv(_K.clone(), _K.clone(), torch.tensor([16]), torch.ones(1, 2, 8), torch.ones(1, 2, 8)),
      ValueError, "slot 16 is outside"),
     (lambda: write_kv(_K.clone(), _K.clone(), torch.tensor([1]), torch.ones(1, 2, 6), torch.ones(1, 2, 6)),
-     ValueError, "must be (N, nh, hs) = (1, 2, 8)"),
+     ValueError, "must be (N, n_kv, hs) = (1, 2, 8)"),
     (lambda: paged_attention(_Q, _K, _K, _T.float(), _L), TypeError, "block_tables.dtype=torch.float32"),
     (lambda: paged_attention(_Q, _K, _K, [[0, 1]], _L), TypeError, "block_tables must be a torch.Tensor"),
     (lambda: paged_attention(_Q, _K, _K, _T, _L.float()), TypeError, "context_lens.dtype=torch.float32"),

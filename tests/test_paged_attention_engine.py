@@ -280,3 +280,19 @@ def test_more_bad_engine_input_raises_naming_it(model):
     req = Request([3, 1, 4], 3)
     served = engine.serve(r for r in [req]).outputs[0]
     assert served == _plain(model, req)
+
+
+@pytest.mark.roundoff
+def test_a_llama_gqa_model_serves_the_tokens_of_plain_generation():
+    """Grouped-query attention (2 kv heads for 4 query heads), rotary positions per sequence in a batch."""
+    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=48, seq_len=64, vocab_size=64,
+                    norm="rmsnorm", mlp="swiglu", pos="rope", tie_embeddings=False, bias=False)
+    torch.manual_seed(0)
+    llama = build_model(cfg, dtype=torch.float64).eval()
+    trace = synthetic_trace(8, max_len=64, rate=0.5, scale=1 / 8, vocab_size=64, seed=3)
+    engine = Engine(llama, num_blocks=20, block_size=4)
+    result = engine.serve(trace)
+    assert engine.cache.k[0].shape[1] == 2  # the blocks hold the kv heads only
+    assert result.preemptions > 0 and max(result.batch_sizes) > 1  # batched decodes, recomputation
+    for rid, req in enumerate(trace):
+        assert result.outputs[rid] == _plain(llama, req), rid

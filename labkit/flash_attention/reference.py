@@ -4,7 +4,9 @@
 (Dao et al. 2022): S = Q Kᵀ / sqrt(d), P = softmax(S), O = P V, differentiated by autograd.
 Causal masks are bottom-right aligned (FlashAttention-2 >= 2.1): query i sees key j when
 j <= i + s_k - s_q, so with s_q = s_k it is the usual lower triangle; s_q > s_k is refused,
-because the first s_q - s_k queries would then see no key at all.
+because the first s_q - s_k queries would then see no key at all. Keys and values may have
+fewer heads than the queries (grouped-query attention, Ainslie et al. 2023): q (..., h, s_q, d),
+k and v (..., h_kv, s_k, d) with h_kv dividing h; query head i reads kv head i // (h / h_kv).
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ def check_inputs(q, k, v, causal) -> None:
         raise ValueError(f"q, k, v devices {q.device}, {k.device}, {v.device} must be the same")
     if k.shape != v.shape:
         raise ValueError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)} must be equal")
-    if q.shape[:-2] != k.shape[:-2]:
+    if q.dim() != k.dim() or q.shape[:-3] != k.shape[:-3]:
         raise ValueError(f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)} must have the "
-                         "same leading (batch, head) dimensions")
+                         "same leading (batch) dimensions")
+    if q.dim() >= 3 and q.shape[-3] % k.shape[-3]:
+        raise ValueError(f"k has h_kv={k.shape[-3]} heads, which must divide q's h={q.shape[-3]} heads "
+                         "(grouped-query attention: each kv head serves h / h_kv query heads)")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"head dims differ: q has d={q.shape[-1]}, k and v have d={k.shape[-1]}")
     if q.shape[-1] == 0 or q.shape[-2] == 0 or k.shape[-2] == 0:

@@ -62,17 +62,33 @@ def _check_blocks(block_q, block_k, io):
         raise TypeError(f"io={io!r} must be an IOCounter or None")
 
 
+def _group(q, k) -> int:
+    """Query heads per kv head: h / h_kv (1 for multi-head attention)."""
+    return q.shape[-3] // k.shape[-3] if q.dim() >= 3 else 1
+
+
+def _grouped(g, *qs, kvs=()):
+    """With g > 1: query-side (..., h, s, ...) -> (..., h_kv, g, s, ...); kv side (..., h_kv, 1, s, d)."""
+    if g == 1:
+        return (*qs, *kvs)
+    n = kvs[0].dim()  # q, O, dO have n dimensions (heads at -3); L, dL have n - 1 (heads at -2)
+    return (*(t.unflatten(-3 if t.dim() == n else -2, (-1, g)) for t in qs), *(t.unsqueeze(-3) for t in kvs))
+
+
 class FlashAttention(torch.autograd.Function):
     """``FlashAttention.apply(q, k, v, causal, block_q=64, block_k=64, io=None)``.
 
-    q (..., s_q, d), k and v (..., s_k, d) -> O (..., s_q, d). Saves q, k, v, O and L (..., s_q).
+    q (..., h, s_q, d), k and v (..., h_kv, s_k, d), h_kv dividing h -> O (..., h, s_q, d).
+    Saves q, k, v, O and L (..., h, s_q).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False, block_q=64, block_k=64, io=None):
         check_inputs(q, k, v, causal)
         _check_blocks(block_q, block_k, io)
-        out, lse = _forward(q, k, v, causal, block_q, block_k, io)
+        g = _group(q, k)
+        out, lse = _forward(*_grouped(g, q, kvs=(k, v)), causal, block_q, block_k, io)
+        out, lse = (out.flatten(-4, -3), lse.flatten(-3, -2)) if g > 1 else (out, lse)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.blocks, ctx.io = causal, (block_q, block_k), io
         ctx.set_materialize_grads(False)  # d_lse is None when L is not used: nothing extra moves
@@ -83,7 +99,14 @@ class FlashAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if d_out is None:  # only L was used
             d_out = torch.zeros_like(out)
-        dq, dk, dv = _backward(q, k, v, out, lse, d_out, d_lse, ctx.causal, *ctx.blocks, ctx.io)
+        g = _group(q, k)
+        qs = (q, out, lse, d_out) + (() if d_lse is None else (d_lse,))
+        *qs, kg, vg = _grouped(g, *qs, kvs=(k, v))
+        qg, out, lse, d_out = qs[:4]
+        dq, dk, dv = _backward(qg, kg, vg, out, lse, d_out, qs[4] if d_lse is not None else None,
+                               ctx.causal, *ctx.blocks, ctx.io)
+        if g > 1:  # back to (..., h, s_q, d) and (..., h_kv, s_k, d)
+            dq, dk, dv = dq.flatten(-4, -3), dk.squeeze(-3), dv.squeeze(-3)
         return dq, dk, dv, None, None, None, None
 
 
@@ -119,6 +142,11 @@ def _forward(q, k, v, causal, Br, Bc, io):
     return out, lse
 
 
+def _group_sum(x, like):
+    """A query group's (..., h_kv, g, Bc, d) contributions summed onto its kv head's (..., h_kv, 1, Bc, d)."""
+    return x if x.shape == like.shape else x.sum(dim=-3, keepdim=True)
+
+
 def _backward(q, k, v, out, lse, d_out, d_lse, causal, Br, Bc, io):
     """FlashAttention-2, Algorithm 2: key blocks outside, query blocks inside; P from L.
 
@@ -149,12 +177,12 @@ def _backward(q, k, v, out, lse, d_out, d_lse, causal, Br, Bc, io):
             if causal and j1 - 1 > i0 + offset:
                 S = S.masked_fill(_tile_mask(i0, i1, j0, j1, offset, q.device), float("-inf"))
             P = torch.exp(S - Li[..., None])  # softmax probabilities, exactly, from L
-            dVj += P.transpose(-2, -1) @ dOi  # (..., Bc, d)
+            dVj += _group_sum(P.transpose(-2, -1) @ dOi, dVj)  # (..., Bc, d)
             dP = dOi @ Vj.transpose(-2, -1)  # (..., Br, Bc)
             dS = P * (dP - Di[..., None])  # softmax backward with D_i = rowsum(dO_i * O_i)
             dQi = _load(io, dq[..., i0:i1, :])  # read-modify-write (an atomic add on a GPU)
             _store(io, dq[..., i0:i1, :], dQi + (dS @ Kj) * scale)
-            dKj += (dS.transpose(-2, -1) @ Qi) * scale  # (..., Bc, d)
+            dKj += _group_sum((dS.transpose(-2, -1) @ Qi) * scale, dKj)  # (..., Bc, d)
         _store(io, dk[..., j0:j1, :], dKj)
         _store(io, dv[..., j0:j1, :], dVj)
     return dq.to(q.dtype), dk, dv
@@ -162,7 +190,7 @@ def _backward(q, k, v, out, lse, d_out, d_lse, causal, Br, Bc, io):
 
 def flash_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k: int = 64,
                     return_lse: bool = False, io: IOCounter | None = None):
-    """FlashAttention-2 on PyTorch tiles: q (..., s_q, d), k and v (..., s_k, d) -> (..., s_q, d).
+    """FlashAttention-2 on PyTorch tiles: q (..., h, s_q, d), k and v (..., h_kv, s_k, d) -> (..., h, s_q, d).
 
     ``block_q`` and ``block_k`` are the paper's Br and Bc; ``return_lse`` also returns L (..., s_q).
     Causal masks are bottom-right aligned (see :mod:`labkit.flash_attention.reference`).

@@ -7,7 +7,9 @@ grid; exp2 with log2(e) folded into the scale, fp32 accumulators, dQ by atomic a
 (Dao 2023, Algorithm 2). Same contract and masks as :class:`labkit.flash_attention.FlashAttention`.
 Precision is explicit: ``tl.dot`` rounds fp32 inputs to TF32 by default, so fp32 inputs multiply
 in full fp32 here (``input_precision="ieee"``), as PyTorch's fp32 matmuls do by default; 16-bit
-inputs use the tensor cores, with P rounded to the inputs' dtype before P V.
+inputs use the tensor cores, with P rounded to the inputs' dtype before P V. Grouped-query
+inputs (k, v with h_kv < h heads): program (batch, head i) reads kv head i // (h / h_kv); the
+backward writes each query head's dK, dV and sums each group's in PyTorch.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def interpreted() -> bool:
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, L, s_q, s_k, offset, qk_scale, D: tl.constexpr, CAUSAL: tl.constexpr,
+def _fwd_kernel(Q, K, V, O, L, s_q, s_k, offset, qk_scale, group, D: tl.constexpr, CAUSAL: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                 DOT: tl.constexpr):
     """Algorithm 1 for one row block of one (batch, head): running m and l in base 2."""
@@ -47,7 +49,7 @@ def _fwd_kernel(Q, K, V, O, L, s_q, s_k, offset, qk_scale, D: tl.constexpr, CAUS
     cols0, dims = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_D)
     row_ok, dim_ok = rows < s_q, dims < D
     Q, O, L = Q + bh * s_q * D, O + bh * s_q * D, L + bh * s_q
-    K, V = K + bh * s_k * D, V + bh * s_k * D
+    K, V = K + (bh // group) * s_k * D, V + (bh // group) * s_k * D  # this query head's kv head
     q = tl.load(Q + rows[:, None] * D + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
@@ -90,7 +92,7 @@ def _bwd_preprocess(O, DO, Delta, s_q, D: tl.constexpr, BLOCK_M: tl.constexpr, B
 
 
 @triton.jit
-def _bwd_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV, s_q, s_k, offset, scale, D: tl.constexpr,
+def _bwd_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV, s_q, s_k, offset, scale, group, D: tl.constexpr,
                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                 DOT: tl.constexpr):
     """Algorithm 2 for one key block: dK_j, dV_j in registers, dQ_i by atomic adds."""
@@ -99,7 +101,8 @@ def _bwd_kernel(Q, K, V, DO, L, Delta, DQ, DK, DV, s_q, s_k, offset, scale, D: t
     col_ok, dim_ok = cols < s_k, dims < D
     Q, DO, DQ = Q + bh * s_q * D, DO + bh * s_q * D, DQ + bh * s_q * D
     L, Delta = L + bh * s_q, Delta + bh * s_q
-    K, V, DK, DV = K + bh * s_k * D, V + bh * s_k * D, DK + bh * s_k * D, DV + bh * s_k * D
+    K, V = K + (bh // group) * s_k * D, V + (bh // group) * s_k * D  # this query head's kv head
+    DK, DV = DK + bh * s_k * D, DV + bh * s_k * D  # per query head, summed over the group after
     kv_mask = col_ok[:, None] & dim_ok[None, :]
     k = tl.load(K + cols[:, None] * D + dims[None, :], mask=kv_mask, other=0.0)
     v = tl.load(V + cols[:, None] * D + dims[None, :], mask=kv_mask, other=0.0)
@@ -162,16 +165,16 @@ class FlashAttentionTriton(torch.autograd.Function):
         _check_runnable(q)
         lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
         q3, k3, v3 = (t.reshape(-1, t.shape[-2], d).contiguous() for t in (q, k, v))  # (BH, s, d)
-        bh = q3.shape[0]
+        bh, group = q3.shape[0], q3.shape[0] // k3.shape[0]  # group: query heads per kv head
         out = torch.empty_like(q3)
         lse = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
         BM, BN, BD, warps, stages = _config(d)
         _fwd_kernel[(triton.cdiv(s_q, BM), bh)](
-            q3, k3, v3, out, lse, s_q, s_k, s_k - s_q, LOG2E / math.sqrt(d), D=d, CAUSAL=causal,
+            q3, k3, v3, out, lse, s_q, s_k, s_k - s_q, LOG2E / math.sqrt(d), group, D=d, CAUSAL=causal,
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, DOT=dot_precision(q.dtype), num_warps=warps,
             num_stages=stages)
         ctx.save_for_backward(q3, k3, v3, out, lse)
-        ctx.causal, ctx.lead = causal, lead
+        ctx.causal, ctx.lead, ctx.lead_kv = causal, lead, k.shape[:-2]
         out, lse = out.view(*lead, s_q, d), lse.view(*lead, s_q)
         ctx.set_materialize_grads(False)  # L is differentiable; d_lse is None when it is not used
         return out, lse
@@ -180,7 +183,7 @@ class FlashAttentionTriton(torch.autograd.Function):
     def backward(ctx, d_out, d_lse):
         q3, k3, v3, out, lse = ctx.saved_tensors
         bh, s_q, d = q3.shape
-        s_k = k3.shape[1]
+        s_k, group = k3.shape[1], bh // k3.shape[0]
         if d_out is None:  # only L was used
             d_out = torch.zeros_like(out)
         do = d_out.reshape(bh, s_q, d).contiguous()  # (BH, s_q, d)
@@ -190,17 +193,21 @@ class FlashAttentionTriton(torch.autograd.Function):
         if d_lse is not None:  # dL_i adds P_ij dL_i to dS_ij: it enters as D_i - dL_i
             delta -= d_lse.reshape(bh, s_q).float()
         dq = torch.zeros(q3.shape, dtype=torch.float32, device=q3.device)  # atomic adds land here
-        dk, dv = torch.empty_like(k3), torch.empty_like(v3)
+        per_head = (bh, s_k, d)  # dK, dV of every query head; a group's are summed below
+        dk, dv = (torch.empty(per_head, dtype=torch.float32 if group > 1 else k3.dtype, device=k3.device)
+                  for _ in range(2))
         _bwd_kernel[(triton.cdiv(s_k, BN), bh)](
-            q3, k3, v3, do, lse, delta, dq, dk, dv, s_q, s_k, s_k - s_q, 1.0 / math.sqrt(d), D=d,
+            q3, k3, v3, do, lse, delta, dq, dk, dv, s_q, s_k, s_k - s_q, 1.0 / math.sqrt(d), group, D=d,
             CAUSAL=ctx.causal, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, DOT=dot_precision(q3.dtype),
             num_warps=warps, num_stages=stages)
-        shape_q, shape_k = (*ctx.lead, s_q, d), (*ctx.lead, s_k, d)
+        if group > 1:  # (BH, s_k, d) -> (BH_kv, s_k, d): a kv head's gradient sums its query heads'
+            dk, dv = (t.view(-1, group, s_k, d).sum(1).to(k3.dtype) for t in (dk, dv))
+        shape_q, shape_k = (*ctx.lead, s_q, d), (*ctx.lead_kv, s_k, d)
         return dq.to(q3.dtype).view(shape_q), dk.view(shape_k), dv.view(shape_k), None
 
 
 def flash_attention_triton(q, k, v, *, causal: bool = False, return_lse: bool = False):
-    """FlashAttention-2 in Triton: q (..., s_q, d), k and v (..., s_k, d) -> (..., s_q, d)."""
+    """FlashAttention-2 in Triton: q (..., h, s_q, d), k and v (..., h_kv, s_k, d) -> (..., h, s_q, d)."""
     check_bool("return_lse", return_lse)
     out, lse = FlashAttentionTriton.apply(q, k, v, causal)
     return (out, lse) if return_lse else out

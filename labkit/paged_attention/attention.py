@@ -3,16 +3,16 @@
 Kwon et al. (2023), Sec. 4.1, Eq. 4: the keys of a sequence are cut into blocks K_j of
 ``block_size`` tokens; the attention score A_ij = exp(q_i K_j^T / sqrt(d)) / sum_t exp(...) is
 computed block by block, wherever each block lives. Here every block of a sequence is gathered
-through its block table in one indexing operation, then the softmax runs over the gathered keys.
+through its block table in one indexing operation, then the softmax runs over the gathered keys
+(:func:`labkit.attention.reference_attention`). Blocks hold the n_kv key-value heads only: with
+grouped-query attention each serves nh / n_kv query heads.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 
+from ..attention import reference_attention
 from ..validate import check_bool, check_int
 
 __all__ = ["paged_attention", "write_kv", "slot_mapping"]
@@ -37,15 +37,15 @@ def slot_mapping(block_table, positions, block_size):
 def write_kv(k_cache, v_cache, slots, k, v, *, check=True):
     """Store new keys and values at ``slots`` (N,) of the paged caches.
 
-    k_cache, v_cache: (num_blocks, nh, block_size, hs); k, v: (N, nh, hs). ``check=False`` skips
+    k_cache, v_cache: (num_blocks, n_kv, block_size, hs); k, v: (N, n_kv, hs). ``check=False`` skips
     the range check of the slots, which reads them on the host (as in :func:`paged_attention`).
     """
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
-                         "one shape, (num_blocks, nh, block_size, hs)")
+                         "one shape, (num_blocks, n_kv, block_size, hs)")
     want = (slots.numel(), k_cache.size(1), k_cache.size(3))
     if tuple(k.shape) != want or tuple(v.shape) != want:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (N, nh, hs) = {want}")
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (N, n_kv, hs) = {want}")
     if check and slots.numel():
         lo, hi = int(slots.min()), int(slots.max())
         if lo < 0 or hi >= k_cache.size(0) * k_cache.size(2):
@@ -54,7 +54,7 @@ def write_kv(k_cache, v_cache, slots, k, v, *, check=True):
                              "would write from the end)")
     bs = k_cache.size(2)
     blocks, offsets = slots // bs, slots % bs  # (N,), (N,)
-    k_cache[blocks, :, offsets] = k  # advanced indices first: (N, nh, hs)
+    k_cache[blocks, :, offsets] = k  # advanced indices first: (N, n_kv, hs)
     v_cache[blocks, :, offsets] = v
 
 
@@ -67,9 +67,11 @@ def _check_shapes(q, k_cache, v_cache, block_tables, context_lens) -> None:
     if q.dim() != 4:
         raise ValueError(f"q must be (B, nh, T, hs), got shape {tuple(q.shape)}")
     B, nh, T, hs = q.shape
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or (k_cache.size(1), k_cache.size(3)) != (nh, hs):
+    if (k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.size(3) != hs
+            or nh % k_cache.size(1)):
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must be "
-                         f"(num_blocks, nh={nh}, block_size, hs={hs}), as q {tuple(q.shape)} is")
+                         f"(num_blocks, n_kv, block_size, hs={hs}) with n_kv dividing nh={nh}, as q "
+                         f"{tuple(q.shape)} is")
     if not q.dtype == k_cache.dtype == v_cache.dtype:
         raise ValueError(f"q, k_cache, v_cache dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype} "
                          "must be the same")
@@ -86,7 +88,8 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, *, check=Tr
     """Attention of new queries over keys and values gathered through block tables.
 
     q: (B, nh, T, hs), the T newest tokens of each sequence (T = 1 for a decode step);
-    k_cache, v_cache: (num_blocks, nh, block_size, hs); block_tables: (B, max_blocks) int64,
+    k_cache, v_cache: (num_blocks, n_kv, block_size, hs), n_kv dividing nh (grouped-query
+    attention: query head i reads kv head i // (nh / n_kv)); block_tables: (B, max_blocks) int64,
     padded with any valid block id; context_lens: (B,) tokens stored per sequence, the new T
     included. Query i of sequence b sits at position context_lens[b] - T + i and sees keys
     0..that position. Returns (B, nh, T, hs). ``check=False`` skips the range checks, which
@@ -104,10 +107,10 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, *, check=Tr
         if lo < 0 or hi >= k_cache.size(0):
             raise ValueError(f"block_tables hold block id {lo if lo < 0 else hi}: valid ids are "
                              f"0..{k_cache.size(0) - 1} (a negative id would read from the end)")
-    keys = k_cache[block_tables].permute(0, 2, 1, 3, 4).reshape(B, nh, n, hs)  # (B, nh, n, hs)
-    values = v_cache[block_tables].permute(0, 2, 1, 3, 4).reshape(B, nh, n, hs)  # (B, nh, n, hs)
-    att = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, n)
-    q_pos = context_lens[:, None] - T + torch.arange(T, device=q.device)[None, :]  # (B, T)
-    hidden = torch.arange(n, device=q.device)[None, None, :] > q_pos[:, :, None]  # (B, T, n)
-    att = F.softmax(att.masked_fill(hidden[:, None], float("-inf")), dim=-1)
-    return att @ values  # (B, nh, T, hs)
+    n_kv = k_cache.size(1)
+    keys = k_cache[block_tables].permute(0, 2, 1, 3, 4).reshape(B, n_kv, n, hs)  # (B, n_kv, n, hs)
+    values = v_cache[block_tables].permute(0, 2, 1, 3, 4).reshape(B, n_kv, n, hs)  # (B, n_kv, n, hs)
+    # query i of sequence b sits at position context_lens[b] - T + i; keys past it (the padding
+    # of the last block, the blocks of the table's padding) are hidden by the causal mask
+    return reference_attention(q, keys, values, causal=True, q_offset=context_lens - T,
+                               softmax_dtype=q.dtype)  # (B, nh, T, hs)

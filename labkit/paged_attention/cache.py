@@ -43,14 +43,16 @@ def _block_hash(parent_hash, tokens: tuple) -> int:
 
 
 class PagedKVCache:
-    """KV blocks of shape (num_blocks, nh, block_size, hs) per layer, for any number of sequences.
+    """KV blocks of shape (num_blocks, n_kv_head, block_size, hs) per layer, for any number of sequences.
 
+    ``n_kv_head``: the key-value heads kept (n_head for multi-head attention, fewer with
+    grouped-query attention).
     ``store=False`` keeps the bookkeeping only (no tensors): the engine's accounting runs.
     """
 
-    def __init__(self, n_layer, n_head, head_dim, num_blocks, block_size=DEFAULT_BLOCK_SIZE, *,
+    def __init__(self, n_layer, n_kv_head, head_dim, num_blocks, block_size=DEFAULT_BLOCK_SIZE, *,
                  device="cpu", dtype=torch.float32, store=True, prefix_sharing=True):
-        for name, value in [("n_layer", n_layer), ("n_head", n_head), ("head_dim", head_dim)]:
+        for name, value in [("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim)]:
             check_int(name, value, 1)
         check_bool("store", store)
         check_bool("prefix_sharing", prefix_sharing)
@@ -58,7 +60,7 @@ class PagedKVCache:
             raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype: keys and values")
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.block_size, self.prefix_sharing = block_size, prefix_sharing
-        shape = (num_blocks, n_head, block_size, head_dim)  # (num_blocks, nh, bs, hs)
+        shape = (num_blocks, n_kv_head, block_size, head_dim)  # (num_blocks, n_kv, bs, hs)
         n = n_layer if store else 0
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)]
@@ -75,10 +77,10 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model, num_blocks, block_size=DEFAULT_BLOCK_SIZE, **kw):
         cfg, p = model.cfg, next(model.parameters())
-        check_gpt2_block(cfg, "PagedKVCache", supports=("norm", "mlp", "d_ff", "tie_embeddings", "bias",
-                                                        "n_positions"))  # heads cached: n_head
-        n_head = cfg.n_head // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
-        return cls(cfg.n_layer, n_head, cfg.head_dim, num_blocks, block_size,
+        check_gpt2_block(cfg, "PagedKVCache", supports=("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias",
+                                                        "n_positions", "n_kv_head"))
+        n_kv = cfg.kv_heads // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
+        return cls(cfg.n_layer, n_kv, cfg.head_dim, num_blocks, block_size,
                    device=p.device, dtype=p.dtype, **kw)
 
     # --- the narrow interface the engine uses -----------------------------------------------
@@ -279,9 +281,9 @@ class PagedStep:
         return self.positions  # (B, T)
 
     def attend(self, layer, q, k, v):
-        B, nh, T, hs = k.shape
+        B, n_kv, T, hs = k.shape
         write_kv(self.cache.k[layer], self.cache.v[layer], self.slots,
-                 k.transpose(1, 2).reshape(B * T, nh, hs),  # (B * T, nh, hs)
-                 v.transpose(1, 2).reshape(B * T, nh, hs), check=False)  # slots built in range here
+                 k.transpose(1, 2).reshape(B * T, n_kv, hs),  # (B * T, n_kv, hs)
+                 v.transpose(1, 2).reshape(B * T, n_kv, hs), check=False)  # slots built in range here
         return paged_attention(q, self.cache.k[layer], self.cache.v[layer], self.tables,
                                self.context_lens, check=False)

@@ -6,19 +6,18 @@ declares (:class:`labkit.model.KVCacheProtocol`):
 - ``begin(idx) -> pos``: the positions (T,) or (B, T) of the T new tokens of ``idx`` (B, T),
   which the model's learned position embedding needs;
 - ``attend(layer, q, k, v) -> y``: store the new keys and values of ``layer`` and attend the new
-  queries over every key kept so far, causally. q, k, v, y: (B, nh, T, hs).
+  queries over every key kept so far, causally. q, y: (B, nh, T, hs); k, v: (B, n_kv, T, hs).
 
-:class:`KVCache` keeps one (B, nh, max_len, hs) slab per layer; the paged cache
-(:mod:`.cache`) implements the same protocol over blocks.
+:class:`KVCache` keeps one (B, n_kv, max_len, hs) slab per layer: the key-value heads only, so
+grouped-query attention caches n_kv / nh of what multi-head attention does (Ainslie et al. 2023).
+The paged cache (:mod:`.cache`) implements the same protocol over blocks.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 
+from ..attention import reference_attention
 from ..model import check_gpt2_block
 from ..validate import check_bool, check_int
 
@@ -26,21 +25,22 @@ __all__ = ["KVCache", "generate"]
 
 
 class KVCache:
-    """Keys and values of B sequences in contiguous (B, nh, max_len, hs) tensors per layer.
+    """Keys and values of B sequences in contiguous (B, n_kv_head, max_len, hs) tensors per layer.
 
-    Every sequence of the batch has the same length; ``length`` tokens are stored so far. A
+    ``n_kv_head``: the key-value heads kept (n_head for multi-head attention). Every sequence
+    of the batch has the same length; ``length`` tokens are stored so far. A
     forward's tokens count only once its last layer has attended: a forward the model refuses
     part-way (a bad token id, a position past its ``seq_len``) leaves the cache as it was.
     """
 
-    def __init__(self, n_layer, batch_size, n_head, head_dim, max_len, *, device="cpu",
+    def __init__(self, n_layer, batch_size, n_kv_head, head_dim, max_len, *, device="cpu",
                  dtype=torch.float32):
         for name, value in [("n_layer", n_layer), ("batch_size", batch_size),
-                            ("n_head", n_head), ("head_dim", head_dim), ("max_len", max_len)]:
+                            ("n_kv_head", n_kv_head), ("head_dim", head_dim), ("max_len", max_len)]:
             check_int(name, value, 1)
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype: keys and values")
-        shape = (batch_size, n_head, max_len, head_dim)  # (B, nh, S, hs)
+        shape = (batch_size, n_kv_head, max_len, head_dim)  # (B, n_kv, S, hs)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.max_len, self.length = max_len, 0
@@ -50,10 +50,11 @@ class KVCache:
     def for_model(cls, model, batch_size, max_len=None):
         """A cache shaped for ``model`` (a labkit GPT), on its device and in its dtype."""
         cfg, p = model.cfg, next(model.parameters())
-        check_gpt2_block(cfg, "KVCache", supports=("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias", "n_positions"))  # heads cached: n_head
-        n_head = cfg.n_head // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
+        check_gpt2_block(cfg, "KVCache", supports=("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias",
+                                                   "n_positions", "n_kv_head"))
+        n_kv = cfg.kv_heads // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
         max_len = cfg.seq_len if max_len is None else check_int("max_len", max_len, 1)
-        return cls(cfg.n_layer, batch_size, n_head, cfg.head_dim, max_len,
+        return cls(cfg.n_layer, batch_size, n_kv, cfg.head_dim, max_len,
                    device=p.device, dtype=p.dtype)
 
     @property
@@ -79,21 +80,21 @@ class KVCache:
         if self._new is None:
             raise RuntimeError("attend() before begin(): call the model with kv_cache=cache")
         s, e = self._new
-        want = (self.k[layer].size(0), self.k[layer].size(1), e - s, self.k[layer].size(3))
-        if not tuple(q.shape) == tuple(k.shape) == tuple(v.shape) == want:
-            raise ValueError(f"q, k, v shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} must "
-                             f"be (B, nh, T, hs) = {want}: this cache was built for another model")
-        self.k[layer][:, :, s:e] = k  # (B, nh, T, hs) written at positions s..e-1
+        B, n_kv, _, hs = self.k[layer].shape
+        want = (B, n_kv, e - s, hs)
+        if (not tuple(k.shape) == tuple(v.shape) == want or q.dim() != 4 or (q.size(0), q.size(2), q.size(3))
+                != (B, e - s, hs) or q.size(1) % n_kv):
+            raise ValueError(f"q, k, v shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} must be "
+                             f"(B, nh, T, hs) with n_kv_head={n_kv} dividing nh, and (B, n_kv, T, hs) = {want}: "
+                             "this cache was built for another model")
+        self.k[layer][:, :, s:e] = k  # (B, n_kv, T, hs) written at positions s..e-1
         self.v[layer][:, :, s:e] = v
-        keys, values = self.k[layer][:, :, :e], self.v[layer][:, :, :e]  # (B, nh, e, hs)
-        att = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, e)
+        keys, values = self.k[layer][:, :, :e], self.v[layer][:, :, :e]  # (B, n_kv, e, hs)
         # query i sits at position s + i and sees keys 0..s+i: a decode step (T = 1) sees all
-        future = (torch.arange(e, device=q.device)[None, :]
-                  > torch.arange(s, e, device=q.device)[:, None])  # (T, e)
-        att = F.softmax(att.masked_fill(future, float("-inf")), dim=-1)
+        y = reference_attention(q, keys, values, causal=True, q_offset=s, softmax_dtype=q.dtype)
         if layer == len(self.k) - 1:  # the last layer: the forward's tokens now count
             self.length, self._new = e, None
-        return att @ values  # (B, nh, T, hs)
+        return y  # (B, nh, T, hs)
 
 
 @torch.no_grad()
