@@ -4,6 +4,7 @@ import copy
 import time
 
 import torch
+import torch.distributed as dist
 
 from labkit.model import build_model, get_preset
 from labkit.parallel import ParallelDims, parallelize_gpt
@@ -39,7 +40,13 @@ def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
     torch.manual_seed(seed)
     pm = parallelize_gpt(build_model(cfg).double(), dims, mesh, **kwargs)
     losses = _plain_loop(pm, cfg, global_batch, steps, seed, lr)
-    out = {"losses": losses, "coords": tuple(pm.coords)}
+    # the grid ParallelDims computes is the one torch's DeviceMesh built: coordinates and groups
+    c = pm.coords
+    groups = {axis: dist.get_process_group_ranks(mesh.get_group(axis)) for axis in ("dp", "pp", "tp")}
+    along = {axis: [dims.rank_of(**{**c._asdict(), axis: i}) for i in range(getattr(dims, f"{axis}_size"))]
+             for axis in groups}
+    out = {"losses": losses, "coords": tuple(c), "mesh_coords": tuple(mesh.get_coordinate()),
+           "groups": groups, "groups_from_dims": along}
     for key, full in (("want", refs[1]), ("start", refs[2])):
         twin = copy.deepcopy(full)
         if tp > 1:

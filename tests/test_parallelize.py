@@ -56,6 +56,14 @@ def test_a_plain_loop_over_parallelize_gpt_trains_like_one_process(runs, i):
     torch.testing.assert_close(losses, ref, rtol=RTOL, atol=0)
 
 
+def test_the_mesh_torch_built_is_the_grid_parallel_dims_computes(runs):
+    for i in range(len(CASES)):
+        assert sorted(r[i]["coords"] for r in runs) == sorted({r[i]["coords"] for r in runs})  # one rank each
+        for r in runs:
+            assert r[i]["mesh_coords"] == r[i]["coords"]
+            assert r[i]["groups"] == r[i]["groups_from_dims"]
+
+
 def test_every_parameter_is_held_somewhere(runs):
     # the pipeline splits the model: the stages' parameters together are all of it
     names = {n for n, _ in build_model("tiny").named_parameters()}

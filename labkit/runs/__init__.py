@@ -1,7 +1,8 @@
 """What ranks run for the labs and benchmarks, one module per chapter: ``zero`` (Chapter 2),
 ``accumulate`` (Chapter 4), ``tensor_parallel`` (Chapter 5), ``pipeline``, ``parallel3d`` (data x
-tensor x pipeline) and ``plan`` (the planner) for Chapter 6. These modules compose techniques with
-the core; pass their rank functions to :func:`labkit.dist.launch`, which needs them importable
-from a module."""
+tensor x pipeline) and ``plan`` (the planner) for Chapter 6. These modules run and measure; a
+model sharded by several techniques at once comes from :func:`labkit.parallel.parallelize_gpt`.
+Pass their rank functions to :func:`labkit.dist.launch`, which needs them importable from a
+module."""
 
 __all__: list[str] = []  # import the rank functions from their modules (labkit.runs.zero, ...)
