@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LABKIT = ROOT / "labkit"
 # One package (or module) per technique; they may import the core, never each other.
 TECHNIQUES = ("zero", "data_parallel", "checkpoint", "accumulate", "tensor_parallel", "pipeline",
-              "flash_attention", "paged_attention")
+              "flash_attention", "paged_attention", "context_parallel")
 # The only modules whose job is to compose techniques: what a lab's ranks run (runs), and the
 # layer that shards one model by several techniques at once (parallel).
 COMPOSING = ("runs", "parallel", "estimate")  # estimate composes the techniques' formulas, never their mechanisms

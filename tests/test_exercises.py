@@ -508,6 +508,53 @@ def sampling_blocks(prompt_len, generated, n, block_size):
     shared = prompt_len // block_size
     return shared + n * (total - shared), n * total
 '''),
+    ("10_context_parallel", "q1", "chunks i and cp - 1 - i: mirrored within cp chunks, not 2 cp", '''
+def zigzag_positions(seq_len, cp_size, rank):
+    if seq_len % (2 * cp_size):
+        raise ValueError(f"seq_len={seq_len} must be divisible by 2 * cp_size")
+    if not 0 <= rank < cp_size:
+        raise ValueError(f"rank={rank} must be in [0, cp_size)")
+    c = seq_len // (2 * cp_size)
+    return list(range(2 * rank * c, (2 * rank + 1) * c)) + list(range((2 * (cp_size - 1 - rank) + 1) * c,
+                                                                      (2 * (cp_size - 1 - rank) + 2) * c))
+'''),
+    ("10_context_parallel", "q1", "only cp checked to divide seq_len", '''
+def zigzag_positions(seq_len, cp_size, rank):
+    if seq_len % cp_size:
+        raise ValueError(f"seq_len={seq_len} must be divisible by cp_size")
+    if not 0 <= rank < cp_size:
+        raise ValueError(f"rank={rank} must be in [0, cp_size)")
+    c = seq_len // (2 * cp_size)
+    late = 2 * cp_size - 1 - rank
+    return list(range(rank * c, (rank + 1) * c)) + list(range(late * c, (late + 1) * c))
+'''),
+    ("10_context_parallel", "q2", "the shard sent cp times, to itself too", '''
+def ring_bytes_sent(batch_size, seq_len, n_kv_head, head_dim, cp_size, dtype_bytes):
+    if seq_len % cp_size:
+        raise ValueError(f"seq_len={seq_len} must be divisible by cp_size={cp_size}")
+    return 2 * batch_size * seq_len * n_kv_head * head_dim * dtype_bytes
+'''),
+    ("10_context_parallel", "q2", "K alone, without V", '''
+def ring_bytes_sent(batch_size, seq_len, n_kv_head, head_dim, cp_size, dtype_bytes):
+    if seq_len % cp_size:
+        raise ValueError(f"seq_len={seq_len} must be divisible by cp_size={cp_size}")
+    return (cp_size - 1) * batch_size * (seq_len // cp_size) * n_kv_head * head_dim * dtype_bytes
+'''),
+    ("10_context_parallel", "q2", "a float from (cp - 1) / cp", '''
+def ring_bytes_sent(batch_size, seq_len, n_kv_head, head_dim, cp_size, dtype_bytes):
+    if seq_len % cp_size:
+        raise ValueError(f"seq_len={seq_len} must be divisible by cp_size={cp_size}")
+    return 2 * (cp_size - 1) / cp_size * batch_size * seq_len * n_kv_head * head_dim * dtype_bytes
+'''),
+    ("10_context_parallel", "q3", "the long-chunk limit: (2j + 1) c^2 / 2 per chunk, own key not counted", '''
+def causal_pairs_of_rank(seq_len, cp_size, rank, layout):
+    if layout not in ("contiguous", "zigzag"):
+        raise ValueError(f"layout={layout!r} must be 'contiguous' or 'zigzag'")
+    n = cp_size if layout == "contiguous" else 2 * cp_size
+    chunks = [rank] if layout == "contiguous" else [rank, 2 * cp_size - 1 - rank]
+    c = seq_len // n
+    return sum((2 * j + 1) * c * c // 2 for j in chunks)
+'''),
 ]
 
 

@@ -1,8 +1,8 @@
 """One GPT sharded by every technique at once, in one order: :func:`parallelize_gpt`.
 
 The order is torchtitan's ``parallelize_llama``: tensor (and sequence) parallelism over "tp",
-(context parallelism, later), the pipeline split over "pp", activation checkpointing of the
-blocks, then data parallelism or ZeRO over "dp". Each technique is labkit's own
+context parallelism over "cp" (ring attention), the pipeline split over "pp", activation
+checkpointing of the blocks, then data parallelism or ZeRO over "dp". Each technique is labkit's own
 (:mod:`labkit.tensor_parallel`, :mod:`labkit.pipeline`, :mod:`labkit.checkpoint`,
 :mod:`labkit.data_parallel`, :mod:`labkit.zero`); this module only composes them.
 
@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint import apply_checkpointing
+from ..context_parallel import apply_context_parallel, shard_sequence
 from ..data_parallel import DataParallelBucketed
 from ..pipeline import SCHEDULES, build_chunks, check_same_model, make_schedule, run_schedule, split_stages
 from ..tensor_parallel import apply_tensor_parallel
@@ -51,7 +52,11 @@ def _check_mesh(dims, mesh) -> None:
 
 def _check_combination(dims, sequence_parallel, zero_stage, checkpoint) -> None:
     """Refuse what the techniques cannot do together (the list is in parallelize_gpt's docstring)."""
-    dims.require_no_cp("parallelize_gpt")
+    if dims.cp_size > 1 and (dims.pp_size > 1 or sequence_parallel or zero_stage >= 2 or checkpoint != "none"):
+        raise ValueError(f"cp_size={dims.cp_size} with pp_size={dims.pp_size}, sequence_parallel={sequence_parallel}, "
+                         f"zero_stage={zero_stage}, checkpoint={checkpoint!r}: context parallelism composes here "
+                         "with tensor parallelism, data parallelism and ZeRO-1 only; use pp_size=1, "
+                         "sequence_parallel=False, zero_stage <= 1, checkpoint='none'")
     if sequence_parallel and dims.tp_size == 1:
         raise ValueError("sequence_parallel=True needs tp_size > 1")
     if zero_stage >= 2 and dims.pp_size > 1:
@@ -121,12 +126,15 @@ class ParallelModel:
         return self.optimizer
 
     def shard_batch(self, x, y):
-        """This data-parallel replica's rows of the global batch ``x``, ``y`` (B, T) each."""
+        """This data-parallel replica's rows of the global batch ``x``, ``y`` (B, T) each; with cp > 1,
+        its context-parallel rank's zigzag shard of them (B / dp, T / cp)."""
         dp, d = self.dims.dp_size, self.coords.dp
         if x.shape[0] % dp:
             raise ValueError(f"the global batch of {x.shape[0]} sequences must split into dp_size={dp} replicas")
         rows = slice(d * x.shape[0] // dp, (d + 1) * x.shape[0] // dp)
-        return x[rows], y[rows]
+        if self.dims.cp_size == 1:
+            return x[rows], y[rows]
+        return tuple(shard_sequence(t[rows], self.dims.cp_size, self.coords.cp) for t in (x, y))  # zigzag
 
     def forward_backward(self, x, y):
         """Forward and backward of this replica's batch (B, T) in m micro-batches; every gradient
@@ -176,7 +184,8 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     stage 1, 2 or 3 (:mod:`labkit.zero`).
 
     Refused with a ValueError, because the techniques here cannot do them together:
-    ``cp_size > 1`` (context parallelism is not built yet); ``sequence_parallel`` without
+    ``cp_size > 1`` (context parallelism over "cp", after tensor parallelism) with pp > 1, sequence
+    parallelism, ZeRO-2/3 or checkpointing (not composed yet); ``sequence_parallel`` without
     tp > 1; ZeRO-2 or ZeRO-3 with pp > 1 (ZeRO-2 frees the tied embedding's gradient the
     pipeline's ends exchange; ZeRO-3 gathers in the module's forward, which the chunks bypass);
     ZeRO-2 or ZeRO-3 with sequence parallelism (its gradient sum comes after they moved the
@@ -200,6 +209,8 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     ranges = split_stages(model, pp, v=v) if pp > 1 else None  # by the unsharded model's parameters
     if dims.tp_size > 1:
         apply_tensor_parallel(model, mesh.get_group("tp"), sequence_parallel)
+    if dims.cp_size > 1:  # ring attention over "cp"; its gradient sum runs before the one over "dp"
+        apply_context_parallel(model, mesh.get_group("cp"))
     if checkpoint != "none":
         apply_checkpointing(model, checkpoint)
     chunks = build_chunks(model, ranges, pp, stage) if pp > 1 else None

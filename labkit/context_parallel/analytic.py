@@ -1,0 +1,102 @@
+"""Context parallelism's formulas: the chunks a rank holds, its causal work, the ring's traffic.
+
+A sequence of s tokens is cut into cp chunks (``"contiguous"``: rank i holds chunk i) or 2 cp
+chunks (``"zigzag"``: rank i holds chunks i and 2cp - 1 - i, so that causal work is equal on
+every rank; Brandon et al. 2023's striping, Llama 3's and Megatron-Core's layout). In ring
+attention (Liu et al. 2023) each rank sends its keys and values cp - 1 times in forward. Torch-free:
+the estimator and the planner call these.
+"""
+
+from __future__ import annotations
+
+from ..hardware import get_gpu, peak_flops
+from ..validate import check_choice, check_int
+
+__all__ = ["LAYOUTS", "check_cp_seq_len", "chunks_of_rank", "chunk_offsets", "causal_pairs", "computed_blocks",
+           "ring_bytes_per_layer", "block_flops", "hide_chunk_tokens", "attention_activation_fraction"]
+
+LAYOUTS = ("zigzag", "contiguous")
+
+
+def _n_chunks(cp_size: int, layout: str) -> int:
+    return 2 * cp_size if check_choice("layout", layout, LAYOUTS) == "zigzag" else cp_size
+
+
+def check_cp_seq_len(seq_len: int, cp_size: int, layout: str = "zigzag", name: str = "seq_len") -> int:
+    """Return s / cp, the tokens a rank holds; raise ValueError unless cp (2 cp for zigzag) divides s."""
+    check_int(name, seq_len, 1)
+    check_int("cp_size", cp_size, 1)
+    n = _n_chunks(cp_size, layout)
+    if seq_len % n:
+        need = f"2 * cp_size = {n}" if layout == "zigzag" else f"cp_size = {n}"
+        raise ValueError(f"{name}={seq_len} must be divisible by {need} for layout={layout!r} "
+                         "(pad the sequence, or pick another cp_size)")
+    return seq_len // cp_size
+
+
+def chunks_of_rank(rank: int, cp_size: int, layout: str = "zigzag") -> list[int]:
+    """The chunks rank holds, in order: [i] of cp chunks, or [i, 2cp - 1 - i] of 2 cp (zigzag)."""
+    check_int("cp_size", cp_size, 1)
+    check_int("rank", rank, 0, cp_size - 1)
+    return [rank, 2 * cp_size - 1 - rank] if _n_chunks(cp_size, layout) > cp_size else [rank]
+
+
+def chunk_offsets(rank: int, cp_size: int, seq_len: int, layout: str = "zigzag") -> list[tuple[int, int, int]]:
+    """(local start, length, global start) of each chunk rank holds of a ``seq_len``-token sequence."""
+    size = seq_len // _n_chunks(cp_size, layout)
+    check_cp_seq_len(seq_len, cp_size, layout)
+    return [(j * size, size, c * size) for j, c in enumerate(chunks_of_rank(rank, cp_size, layout))]
+
+
+def causal_pairs(rank: int, cp_size: int, layout: str = "zigzag") -> float:
+    """The causal work of rank's queries, in (query, key) pairs, as a fraction of the whole
+    sequence's s²/2: a chunk of size c at chunk index j sees j c² + c²/2 pairs (itself half).
+
+    Contiguous: (2i + 1) / cp², from 1/cp² to (2cp - 1)/cp²; zigzag: 1/cp on every rank."""
+    n = _n_chunks(cp_size, layout)
+    return sum((2 * j + 1) / n**2 for j in chunks_of_rank(rank, cp_size, layout))
+
+
+def computed_blocks(rank: int, cp_size: int, layout: str = "zigzag") -> int:
+    """Blocks of (s/n) x (s/n) scores rank computes under a causal mask, n = cp or 2 cp chunks:
+    its chunk j meets j earlier chunks whole and its own diagonal one (masked, but computed)."""
+    return sum(j + 1 for j in chunks_of_rank(rank, cp_size, layout))
+
+
+def ring_bytes_per_layer(batch_size: int, seq_len: int, n_kv_head: int, head_dim: int, cp_size: int,
+                         dtype_bytes: int = 2, direction: str = "forward") -> int:
+    """Bytes one rank sends per layer: forward, its K and V shard cp - 1 times,
+    2 (cp - 1) / cp · b s n_kv d bytes-per-element (that fraction of the sequence's K and V);
+    backward, K and V again cp - 1 times and their gradients cp times: 2 (2cp - 1) / cp · b s n_kv d."""
+    for name, value in (("batch_size", batch_size), ("n_kv_head", n_kv_head), ("head_dim", head_dim),
+                        ("dtype_bytes", dtype_bytes)):
+        check_int(name, value, 1)
+    shard = 2 * batch_size * check_cp_seq_len(seq_len, cp_size, "contiguous") * n_kv_head * head_dim
+    sends = {"forward": cp_size - 1, "backward": 2 * cp_size - 1}[check_choice("direction", direction,
+                                                                             ("forward", "backward"))]
+    return sends * shard * dtype_bytes
+
+
+def block_flops(batch_size: int, n_head: int, head_dim: int, s_q: int, s_k: int) -> int:
+    """Matmul FLOPs of one ring step's block in forward, unmasked: S = Q Kᵀ and O = P V,
+    2 · 2 b a s_q s_k d (two multiply-adds per product element)."""
+    for name, value in (("batch_size", batch_size), ("n_head", n_head), ("head_dim", head_dim),
+                        ("s_q", s_q), ("s_k", s_k)):
+        check_int(name, value, 1)
+    return 4 * batch_size * n_head * s_q * s_k * head_dim
+
+
+def hide_chunk_tokens(gpu: str, n_head: int, n_kv_head: int, dtype: str = "bf16", dtype_bytes: int = 2) -> float:
+    """Tokens per rank, s / cp, above which a ring step's block computes longer than its K and V
+    take to cross the GPU-to-GPU link (Chapter 1's roofline: FLOPs per byte against the ridge
+    peak / bandwidth, here the link's one-way bandwidth, half of ``link_gbps``)."""
+    g = get_gpu(gpu)
+    ridge = peak_flops(g, dtype) / (g.link_gbps * 1e9 / 2)  # FLOP per byte sent
+    c, d = 1, 128  # block_flops / bytes is linear in c and free of d and b: solve at c = 1
+    per_token = block_flops(1, n_head, d, c, c) / (2 * c * check_int("n_kv_head", n_kv_head, 1) * d * dtype_bytes)
+    return ridge / per_token
+
+
+def attention_activation_fraction(cp_size: int) -> float:
+    """The share of the attention's (and every per-token) activation a rank keeps: 1 / cp."""
+    return 1.0 / check_int("cp_size", cp_size, 1)
