@@ -2,9 +2,9 @@
 one step measured by the memory meter, for the estimator to predict.
 
 ``composed_rank`` serves the lab; launch it with ``labkit.dist.launch(composed_rank, world_size,
-cases)``. Each case is ``(dp_size, tp_size, zero_stage, recompute, sequence_parallel)`` on a
-(dp, tp) mesh: the tiny GPT sharded over "tp" (``labkit.tensor_parallel``), its blocks
-checkpointed (``labkit.checkpoint``), AdamW sharded over "dp" (ZeRO-1 or 2, ``labkit.zero``).
+cases)``. Each case is ``(dp_size, tp_size, zero_stage, recompute, sequence_parallel)``, composed
+by ``labkit.parallel.parallelize_gpt`` (tensor parallelism over "tp", the blocks checkpointed,
+AdamW sharded by ZeRO-1 or 2 over "dp"); this module only measures.
 Every rank returns its measured bytes by category: parameters, gradients, optimizer states (and,
 apart, AdamW's step counts among them) and the activations kept at the end of forward.
 """
@@ -12,40 +12,31 @@ apart, AdamW's step counts among them) and the activations kept at the end of fo
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
-from ..checkpoint import apply_checkpointing
 from ..dist import rank_device
 from ..memory.meter import MemoryMeter, train_step
 from ..model import build_model, get_preset
-from ..tensor_parallel import apply_tensor_parallel
-from ..zero import ShardedGradOptimizer, ShardedOptimizer
+from ..parallel import ParallelDims, parallelize_gpt
 from .zero import _StateView
 
-__all__ = ["composed_rank", "CASE_FIELDS", "OPTIMIZERS"]
+__all__ = ["composed_rank", "CASE_FIELDS"]
 
 CASE_FIELDS = ("dp_size", "tp_size", "zero_stage", "recompute", "sequence_parallel")
-OPTIMIZERS = {1: ShardedOptimizer, 2: ShardedGradOptimizer}  # ZeRO stage -> the sharded optimizer
 
 
 def _measure_case(cfg, batch_size: int, dp: int, tp: int, zero_stage: int, recompute: str, sp: bool, dev) -> dict:
     """One measured step of one composed configuration on this rank."""
-    world = dist.get_world_size()
-    mesh = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("dp", "tp")) if dp * tp == world else None
-    if mesh is None:
-        raise ValueError(f"dp_size={dp} x tp_size={tp} must equal world_size={world}")
-    torch.manual_seed(0)
-    model = build_model(cfg, device=dev)
-    apply_tensor_parallel(model, mesh.get_group("tp"), sp)
-    apply_checkpointing(model, recompute)
-    opt = OPTIMIZERS[zero_stage](model.parameters(), torch.optim.AdamW, group=mesh.get_group("dp"), lr=1e-3)
-    view = _StateView(model, [s for _, _, _, s in opt.shard_entries()])
-    g = torch.Generator().manual_seed(1 + dist.get_rank(mesh.get_group("dp")))  # each dp rank its own rows
-    x = torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len), generator=g).to(dev)  # (b, s)
-    y = torch.roll(x, -1, dims=1)  # (b, s): the next token (the last wraps round)
-    with MemoryMeter(view, opt) as meter:
-        train_step(model, opt, (x, y), meter=meter, zero_grad=False)
+    dims = ParallelDims(dp_size=dp, tp_size=tp)
+    torch.manual_seed(0)  # the same model on every rank, as parallelize_gpt checks
+    pm = parallelize_gpt(build_model(cfg, device=dev), dims, dims.build_mesh(dev.type),
+                         sequence_parallel=sp, zero_stage=zero_stage, checkpoint=recompute)
+    opt = pm.build_optimizer(torch.optim.AdamW, lr=1e-3)
+    view = _StateView(pm.model, [s for _, _, _, s in opt.shard_entries()])
+    g = torch.Generator().manual_seed(1)  # the global batch, the same on every rank
+    x = torch.randint(0, cfg.vocab_size, (dp * batch_size, cfg.seq_len), generator=g).to(dev)  # (B, s)
+    x, y = pm.shard_batch(x, torch.roll(x, -1, dims=1))  # this replica's (b, s); next tokens as targets
+    with MemoryMeter(view, opt) as meter:  # one micro-batch: forward_backward's step, in the meter's phases
+        train_step(pm.model, opt, (x, y), meter=meter, zero_grad=False)
     report = meter.report()
     # torch's AdamW keeps a 4-byte `step` count a tensor (on the host on a GPU): counted apart
     steps = sum(st["step"].nbytes for st in opt.state.values() if torch.is_tensor(st.get("step")))
