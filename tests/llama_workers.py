@@ -3,7 +3,7 @@
 Tensor parallelism at t = 2 (two groups) and t = 4, with and without sequence parallelism, on
 each config of ``configs``: one step's logits, loss and gradients and a 3-step plain training loop
 against one process; the refusal of a t that does not divide n_kv_head; greedy generation with
-rotary positions through the KV cache. Then two 2-rank pipelines (ranks 0-1 and 2-3) run 1F1B
+rotary positions through the KV cache; checkpointing policies on a sharded model. Then two 2-rank pipelines (ranks 0-1 and 2-3) run 1F1B
 and interleaved 1F1B on a Llama model in float64.
 """
 
@@ -12,6 +12,7 @@ import copy
 import torch
 import torch.distributed as dist
 
+from labkit.checkpoint import apply_checkpointing
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention import generate
 from labkit.runs.pipeline import train_pipeline
@@ -48,6 +49,21 @@ def _generation(cfg, new_tokens=6):
             "uncached": generate(model, prompt, new_tokens, use_cache=False)}
 
 
+def _checkpointed_tp(cfg):
+    """Whether each checkpointing policy on the t = world_size, sequence-parallel shard gives the
+    same gradients, bit for bit, as the shard without checkpointing (the same operations rerun)."""
+    torch.manual_seed(0)
+    full = build_model(cfg)
+    x, y = make_batch(cfg, 2)
+    grads = {}
+    for policy in ("none", "selective", "full"):
+        model = apply_tensor_parallel(copy.deepcopy(full), None, sequence_parallel=True)
+        apply_checkpointing(model, policy)
+        model(x, y).backward()
+        grads[policy] = {n: p.grad for n, p in model.named_parameters()}
+    return {policy: all(torch.equal(g[n], grads["none"][n]) for n in g) for policy, g in grads.items()}
+
+
 def _pipelines(cfg, cases, global_batch):
     """Two 2-stage pipelines, ranks (0, 1) and (2, 3), each running every (schedule, m, v) case in
     float64; {case: this rank's {"losses", "grads", "ranges"}}."""
@@ -70,5 +86,6 @@ def llama_checks(rank, world_size, configs, gqa_cfg, gen_cfg, pipe_cfg, pipe_cas
         out["train"][name] = {sp: tp_train_rank(rank, world_size, cfg, sequence_parallel=sp) for sp in (False, True)}
     out["gqa_refusal"] = _gqa_refusal(gqa_cfg)
     out["generation"] = _generation(gen_cfg)
+    out["checkpointed"] = _checkpointed_tp(gqa_cfg)
     out["pipeline"] = _pipelines(pipe_cfg, pipe_cases, pipe_batch)
     return out

@@ -23,7 +23,7 @@ from labkit.memory import measure_forward_backward
 from labkit.model import GPTConfig, build_model
 from labkit.runs.pipeline import reference_grads
 from labkit.runs.tensor_parallel import make_batch
-from labkit.tensor_parallel import check_tp_size, shard_indices
+from labkit.tensor_parallel import check_tp_size, collectives_per_layer, shard_indices
 from llama_workers import llama_checks
 
 # t = 2 and 4 both divide n_head = 8, n_kv_head = 4, d_ff = 96 and the vocabulary
@@ -65,6 +65,18 @@ def test_tp_outputs_loss_and_every_gradient_equal_one_process(runs, name, t, sp)
         within_roundoff(res["grads"], (name, t, sp, "gradients"))
 
 
+@pytest.mark.parametrize("name,t,sp", TP_CASES)
+def test_tp_collectives_per_layer_are_gpt2s(runs, name, t, sp):
+    cfg = CONFIGS[name]
+    u = 2 * cfg.seq_len * cfg.d_model * 4  # one (B, T, C) float32 tensor, B = 2 (tp_rank's default)
+    for r in runs:
+        layer = r["tp"][name][(t, sp)]["layer_comm"]
+        # SwiGLU's gate and up share one f (one all-gather under SP); smaller k and v change nothing
+        assert {"forward": layer["forward"], "backward": layer["backward"]} == collectives_per_layer(sp)
+        assert all(layer["bytes"][pas][k] == n * u for pas in ("forward", "backward")
+                   for k, n in layer[pas].items())
+
+
 @pytest.mark.roundoff
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("sp", [False, True])
@@ -104,6 +116,11 @@ def test_tp_generation_with_rotary_positions_through_the_kv_cache(runs):
         gen = r["generation"]
         assert torch.equal(gen["uncached"], ref["want"])
         assert torch.equal(gen["cached"], ref["want"])  # the cache's offsets are the rotary positions
+
+
+def test_checkpointing_a_tensor_parallel_llama_model_recomputes_exactly(runs):
+    for r in runs:  # selective: the core of this rank's heads; full: the blocks with their collectives
+        assert r["checkpointed"] == {"none": True, "selective": True, "full": True}
 
 
 # float64: the pipeline reassociates the batch mean over micro-batches, ~1e-16 relative; a lost or

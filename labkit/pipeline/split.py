@@ -3,8 +3,9 @@
 The embedding goes with the first stage, the final norm and the output layer with the last;
 with tied embeddings both ends hold the shared weight and sum its gradient (the runtime's
 ``tied``), with untied ones (Llama) each holds its own. Rotary positions need no table: every
-block rotates by positions 0..T-1 of the micro-batch it runs. With v chunks per rank the model is cut into v p virtual stages of equal layer count
-(Narayanan et al. 2021b); chunk c of rank r is virtual stage c p + r.
+block rotates by positions 0..T-1 of the micro-batch it runs. With v chunks per rank the model
+is cut into v p virtual stages of equal layer count (Narayanan et al. 2021b); chunk c of rank r
+is virtual stage c p + r.
 """
 
 from __future__ import annotations

@@ -10,18 +10,18 @@ parameters per rank and collectives per layer.
 
 from .analytic import (RECOMPUTE, activation_bytes, collectives_per_layer, collectives_per_step,
                        layer_comm_bytes, layer_flops, model_activation_bytes, params_per_rank)
-from .apply import (INIT_SYNCS, ParallelSelfAttention, SequenceShardedEmbedding, apply_tensor_parallel,
-                    check_tp_size)
+from .apply import (INIT_SYNCS, ParallelSelfAttention, ParallelSwiGLU, SequenceShardedEmbedding,
+                    apply_tensor_parallel, check_tp_size)
 from .comm import copy_to_tp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp
 from .layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss,
-                     shard_indices, vocab_parallel_cross_entropy)
+                     column_parallel, shard_indices, vocab_parallel_cross_entropy)
 from .sync import SequenceParallelGradSync, sync_sequence_parallel_grads
 
 __all__ = [
     "apply_tensor_parallel", "sync_sequence_parallel_grads", "SequenceParallelGradSync", "check_tp_size",
-    "INIT_SYNCS", "ParallelSelfAttention", "SequenceShardedEmbedding", "ColumnParallelLinear",
+    "INIT_SYNCS", "ParallelSelfAttention", "ParallelSwiGLU", "SequenceShardedEmbedding", "ColumnParallelLinear",
     "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "VocabParallelLoss",
-    "shard_indices", "copy_to_tp", "reduce_from_tp", "reduce_scatter_to_sp", "gather_from_tp",
+    "shard_indices", "column_parallel", "copy_to_tp", "reduce_from_tp", "reduce_scatter_to_sp", "gather_from_tp",
     "activation_bytes", "model_activation_bytes", "params_per_rank", "collectives_per_layer",
     "collectives_per_step", "layer_flops", "layer_comm_bytes", "RECOMPUTE",
 ]

@@ -27,11 +27,11 @@ from ..layers import SwiGLU, repeat_kv
 from ..model import check_gpt2_block
 from ..validate import check_bool, check_choice, check_int
 from .comm import GroupRef, check_group, check_seq_divisible, gather_from_tp
-from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss, column_parallel
 from .sync import SequenceParallelGradSync, sync_sequence_parallel_grads
 
 __all__ = ["apply_tensor_parallel", "check_tp_size", "sync_sequence_parallel_grads", "ParallelSelfAttention",
-           "SequenceShardedEmbedding", "INIT_SYNCS"]
+           "ParallelSwiGLU", "SequenceShardedEmbedding", "INIT_SYNCS"]
 
 # How apply_tensor_parallel makes sure the ranks start from the same model: refuse ranks whose
 # parameters differ ("check", the default), copy rank 0's to every rank ("broadcast"), or trust
@@ -195,11 +195,32 @@ def _tp_forward(self, idx, targets=None, kv_cache=None):
     return out if targets is not None else gather_from_tp(out, group)  # (B, T, V/t) -> (B, T, V)
 
 
-def _shard_mlp(mlp: nn.Module, group, sp: bool) -> None:
-    """GELU's c_fc, or SwiGLU's gate and up, column-parallel; c_proj row-parallel (d_ff split)."""
-    for name in ("c_gate", "c_fc") if isinstance(mlp, SwiGLU) else ("c_fc",):
-        setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), group, sequence_parallel=sp, name="d_ff"))
-    mlp.c_proj = RowParallelLinear(mlp.c_proj, group, sequence_parallel=sp, name="d_ff")
+class ParallelSwiGLU(nn.Module):
+    """SwiGLU over this rank's d_ff / t columns: gate and up column-parallel behind one f (or one
+    all-gather), down row-parallel; the parameters keep the model's names."""
+
+    def __init__(self, mlp: SwiGLU, group, sequence_parallel: bool):
+        super().__init__()
+        self.dropout = mlp.dropout
+        self.c_gate, self.c_fc = (ColumnParallelLinear(lin, group, sequence_parallel=sequence_parallel, name="d_ff")
+                                  for lin in (mlp.c_gate, mlp.c_fc))
+        self.c_proj = RowParallelLinear(mlp.c_proj, group, sequence_parallel=sequence_parallel, name="d_ff")
+
+    def forward(self, x):
+        gate, up = column_parallel(x, [self.c_gate, self.c_fc])  # 2 x (B, T, d_ff/t)
+        x = self.c_proj(F.silu(gate) * up)  # (B, T, C), or (B, T/t, C) under sequence parallelism
+        if self.training and self.dropout > 0:
+            x = F.dropout(x, p=self.dropout, training=True)
+        return x
+
+
+def _shard_mlp(block: nn.Module, group, sp: bool) -> None:
+    """GELU's c_fc (or SwiGLU's gate and up) column-parallel, c_proj row-parallel: d_ff split."""
+    if isinstance(block.mlp, SwiGLU):
+        block.mlp = ParallelSwiGLU(block.mlp, group, sp)
+        return
+    block.mlp.c_fc = ColumnParallelLinear(block.mlp.c_fc, group, sequence_parallel=sp, name="d_ff")
+    block.mlp.c_proj = RowParallelLinear(block.mlp.c_proj, group, sequence_parallel=sp, name="d_ff")
 
 
 def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = False, *,
@@ -219,7 +240,7 @@ def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = Fal
     lm_head, ln_f = getattr(model, "lm_head", None), getattr(model, "ln_f", None)
     for block in getattr(model, "blocks", []):
         block.attn = ParallelSelfAttention(block.attn, group, sp)
-        _shard_mlp(block.mlp, group, sp)
+        _shard_mlp(block, group, sp)
         if sp:
             _mark_sequence_parallel(block.ln_1)
             _mark_sequence_parallel(block.ln_2)

@@ -22,7 +22,7 @@ from ..validate import check_bool, check_int
 from .comm import (GroupRef, all_gather_seq, check_group, copy_to_tp, reduce_from_tp,
                    reduce_scatter_seq, reduce_scatter_to_sp)
 
-__all__ = ["shard_indices", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
+__all__ = ["shard_indices", "column_parallel", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
            "vocab_parallel_cross_entropy", "VocabParallelLoss"]
 
 
@@ -70,27 +70,46 @@ class _GroupHolder(nn.Module):
 
 
 class _GatherLinear(torch.autograd.Function):
-    """Y = all_gather(X_shard) A_i + b_i, keeping only X_shard (B, T/t, C) for backward.
+    """Y_j = all_gather(X_shard) A_j + b_j for one or more linears j on the same input, keeping
+    only X_shard (B, T/t, C) for backward.
 
-    Backward gathers X again for the weight gradient and reduce-scatters the input gradient
-    (Korthikanti et al. 2022, Section 4.2.2): the saved input shrinks by t for one more all-gather.
+    Backward gathers X again for the weight gradients and reduce-scatters the summed input
+    gradient (Korthikanti et al. 2022, Section 4.2.2): the saved input shrinks by t for one more
+    all-gather. Linears that share an input (SwiGLU's gate and up) share the collectives.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, group):
-        ctx.group, ctx.has_bias = group, bias is not None
-        ctx.save_for_backward(x, weight)
-        return F.linear(all_gather_seq(x, group), weight, bias)  # (B, T, out/t)
+    def forward(ctx, x, group, *params):  # params: weight_1, bias_1, weight_2, bias_2, ...
+        weights, biases = params[0::2], params[1::2]
+        ctx.group, ctx.has_bias = group, [b is not None for b in biases]
+        ctx.save_for_backward(x, *weights)
+        x_full = all_gather_seq(x, group)  # (B, T, C)
+        return tuple(F.linear(x_full, w, b) for w, b in zip(weights, biases))  # each (B, T, out_j/t)
 
     @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
+    def backward(ctx, *grads):
+        x, *weights = ctx.saved_tensors
         x_full = all_gather_seq(x, ctx.group)  # (B, T, C) again
-        grad_x = reduce_scatter_seq(grad @ weight, ctx.group)  # (B, T/t, C)
-        g2 = grad.reshape(-1, grad.size(-1))  # (B T, out/t)
-        grad_w = g2.t() @ x_full.reshape(-1, x_full.size(-1))  # (out/t, C)
-        grad_b = g2.sum(0) if ctx.has_bias else None
-        return grad_x, grad_w, grad_b, None
+        grad_in = grads[0] @ weights[0]
+        for g, w in zip(grads[1:], weights[1:]):
+            grad_in = grad_in + g @ w  # (B, T, C): the input's gradient from every linear
+        out = [reduce_scatter_seq(grad_in, ctx.group), None]  # (B, T/t, C)
+        x2 = x_full.reshape(-1, x_full.size(-1))  # (B T, C)
+        for g, has_bias in zip(grads, ctx.has_bias):
+            g2 = g.reshape(-1, g.size(-1))  # (B T, out_j/t)
+            out += [g2.t() @ x2, g2.sum(0) if has_bias else None]  # (out_j/t, C), (out_j/t,)
+        return tuple(out)
+
+
+def column_parallel(x, linears: list) -> tuple:
+    """The outputs of several :class:`ColumnParallelLinear` of one group on the same input x,
+    behind one f (or one all-gather with sequence parallelism): SwiGLU's gate and up as one
+    first linear, as Megatron fuses them, with the collectives of one."""
+    first = linears[0]
+    if first.sequence_parallel:
+        return _GatherLinear.apply(x, first.group, *[p for lin in linears for p in (lin.weight, lin.bias)])
+    x = copy_to_tp(x, first.group)
+    return tuple(F.linear(x, lin.weight, lin.bias) for lin in linears)
 
 
 class ColumnParallelLinear(_GroupHolder):
@@ -101,8 +120,8 @@ class ColumnParallelLinear(_GroupHolder):
     runs f first (or, with ``sequence_parallel``, gathers a (B, T/t, C) input).
     """
 
-    def __init__(self, linear: nn.Linear, group, *, chunks: int | tuple[int, ...] = 1, sequence_parallel: bool = False,
-                 name: str = "out_features"):
+    def __init__(self, linear: nn.Linear, group, *, chunks: int | tuple[int, ...] = 1,
+                 sequence_parallel: bool = False, name: str = "out_features"):
         super().__init__()
         _check_module("linear", linear, nn.Linear)
         rank, self.tp_size = self._hold(group, sequence_parallel)
@@ -112,9 +131,7 @@ class ColumnParallelLinear(_GroupHolder):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach()[rows].clone())
 
     def forward(self, x):
-        if self.sequence_parallel:
-            return _GatherLinear.apply(x, self.weight, self.bias, self.group)
-        return F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+        return column_parallel(x, [self])[0]
 
 
 class RowParallelLinear(_GroupHolder):
