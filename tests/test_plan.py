@@ -92,7 +92,7 @@ def test_a_smaller_memory_fraction_never_adds_plans():
     (dict(num_gpus=0), "num_gpus"), (dict(num_gpus=True), "num_gpus"), (dict(global_batch=2.0), "global_batch"),
     (dict(recompute=("some",)), "recompute"), (dict(zero_stages=(4,)), "zero_stages"),
     (dict(sequence_parallel=(1,)), "sequence_parallel"), (dict(micro_batches=()), "micro_batches"),
-    (dict(efficiency=1.5), "efficiency"), (dict(gpu="b200"), "gpu"),
+    (dict(efficiency=1.5), "efficiency"), (dict(gpu="b200"), "gpu"), (dict(precision="fp8"), "precision"),
 ])
 def test_bad_planner_input_names_the_argument(kw, match):
     args = {**dict(gpu="a100", num_gpus=8, seq_len=1024, global_batch=8), **kw}
@@ -115,3 +115,8 @@ def test_serving_plans_are_the_estimators_blocks_per_degree():
 def test_serving_refuses_a_context_past_the_model():
     with pytest.raises(ValueError, match="context_len"):
         plan_serving(PRESETS["llama-2-7b"], gpu="a100-80gb", context_len=5000)
+
+
+def test_a_preset_name_plans_as_its_shape():
+    kw = dict(gpu="a100-80gb", num_gpus=8, seq_len=4096, global_batch=16)
+    assert plan_training("llama-2-7b", **kw).to_dict() == plan_training(PRESETS["llama-2-7b"], **kw).to_dict()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+from ..estimate import OPTIMIZERS, PRECISIONS, as_shape
 from ..hardware import get_gpu, peak_flops
 from ..validate import check_bool, check_choice, check_float, check_int, check_positive
 from .sweep import Dims, flops_of, layouts, pipeline_bubble, pipeline_choices, training_memory
@@ -139,25 +140,28 @@ def _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_g
 def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len: int, global_batch: int,
                   micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3), recompute=RECOMPUTE,
                   sequence_parallel=(False, True), interleave=(1, 2, 4), offload=(False,),
-                  dtype: str | None = None,
-                  precision: str = "bf16-mixed", optimizer: str = "adamw", efficiency: float = 0.5,
+                  dtype: str | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
+                  efficiency: float = 0.5,
                   network_gbps: float = 25.0, memory_fraction: float = 0.9) -> TrainingPlans:
     """Every configuration of ``shape`` on ``num_gpus`` x ``gpu`` that fits, fastest first.
 
     t divides n_head, n_kv_head, d_ff and gpus_per_node; p <= n_layer; t p N_d = num_gpus; N_d b
     divides ``global_batch`` (m = global_batch / (N_d b) micro-batches a pipeline); v > 1 needs
     p > 1, v p dividing n_layer and p dividing m; ``offload``: (False,), or (False, True) to weigh
-    ZeRO-Offload too. ``network_gbps``: GB/s per GPU between nodes,
-    one direction (25: a 200 Gb/s port per GPU). ``dtype``: the peak MFU is taken against (bf16, or
-    fp16 on a GPU without bf16). The step-time model: :mod:`labkit.plan.steptime`.
+    ZeRO-Offload too. ``shape``: a ``ModelShape``, a preset's name, a ``GPTConfig`` or a
+    config.json dict. ``network_gbps``: GB/s per GPU between nodes, one direction (25: a 200 Gb/s
+    port per GPU). ``dtype``: the peak MFU is taken against (bf16, or fp16 on a GPU without bf16).
+    The step-time model: :mod:`labkit.plan.steptime`.
     """
-    g = get_gpu(gpu)
+    g, shape = get_gpu(gpu), as_shape(shape)
+    check_choice("precision", precision, tuple(PRECISIONS))
+    check_choice("optimizer", optimizer, OPTIMIZERS)
     _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_gbps, memory_fraction,
            micro_batches, zero_stages, recompute, sequence_parallel, interleave, offload)
     shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
     ctx = dict(shape=shape, gpu=g, num_gpus=num_gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
-               peak=peak_flops(g, dtype or ("bf16" if "bf16" in g.peak else "fp16")), efficiency=efficiency, nvlink_gbps=g.link_gbps / 2,
-               network_gbps=network_gbps, limit=int(memory_fraction * g.memory_bytes),
+               peak=peak_flops(g, dtype or ("bf16" if "bf16" in g.peak else "fp16")), efficiency=efficiency,
+               nvlink_gbps=g.link_gbps / 2, network_gbps=network_gbps, limit=int(memory_fraction * g.memory_bytes),
                precision=precision, optimizer=optimizer,
                flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
     plans, overflows, considered = [], [], 0

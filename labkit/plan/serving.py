@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..estimate import serving_memory
+from ..estimate import as_shape, serving_memory
 from ..hardware import get_gpu
 from ..validate import check_float, check_int
 from .sweep import _divisors
@@ -63,8 +63,8 @@ def plan_serving(shape, *, gpu, num_gpus: int = 1, context_len: int, weight_byte
                  kv_bytes: int = 2, block_size: int = 16, gpu_memory_utilization: float = 0.9,
                  max_num_seqs: int = 256) -> ServingPlans:
     """Each t dividing num_gpus, n_head and n_kv_head: blocks, tokens and concurrency of requests of
-    ``context_len`` tokens (at most the model's ``seq_len``)."""
-    g = get_gpu(gpu)
+    ``context_len`` tokens (at most the model's ``seq_len``); ``shape`` as for ``plan_training``."""
+    g, shape = get_gpu(gpu), as_shape(shape)
     for name, value in (("num_gpus", num_gpus), ("context_len", context_len), ("block_size", block_size),
                         ("max_num_seqs", max_num_seqs)):
         check_int(name, value, 1)
