@@ -120,3 +120,13 @@ def test_serving_refuses_a_context_past_the_model():
 def test_a_preset_name_plans_as_its_shape():
     kw = dict(gpu="a100-80gb", num_gpus=8, seq_len=4096, global_batch=16)
     assert plan_training("llama-2-7b", **kw).to_dict() == plan_training(PRESETS["llama-2-7b"], **kw).to_dict()
+
+
+def test_even_stages_and_include_infeasible_narrow_and_widen_the_sweep():
+    kw = dict(gpu="a100-80gb", num_gpus=16, seq_len=4096, global_batch=16)
+    every = plan_training(PRESETS["llama-2-13b"], include_infeasible=True, **kw)
+    fitting = plan_training(PRESETS["llama-2-13b"], **kw)
+    even = plan_training(PRESETS["llama-2-13b"], even_stages=True, include_infeasible=True, **kw)
+    assert len(every.plans) == every.considered > len(fitting.plans) == sum(pl.fits for pl in every.plans)
+    assert {pl.pp_size for pl in every.plans} - {pl.pp_size for pl in even.plans} == {16}  # 40 layers
+    assert all(40 % pl.pp_size == 0 for pl in even.plans)

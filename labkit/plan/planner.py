@@ -141,8 +141,9 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
                   micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3), recompute=RECOMPUTE,
                   sequence_parallel=(False, True), interleave=(1, 2, 4), offload=(False,),
                   dtype: str | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
-                  efficiency: float = 0.5,
-                  network_gbps: float = 25.0, memory_fraction: float = 0.9) -> TrainingPlans:
+                  efficiency: float = 0.5, network_gbps: float = 25.0, nvlink_gbps: float | None = None,
+                  memory_fraction: float = 0.9, even_stages: bool = False,
+                  include_infeasible: bool = False) -> TrainingPlans:
     """Every configuration of ``shape`` on ``num_gpus`` x ``gpu`` that fits, fastest first.
 
     t divides n_head, n_kv_head, d_ff and gpus_per_node; p <= n_layer; t p N_d = num_gpus; N_d b
@@ -151,26 +152,32 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     ZeRO-Offload too. ``shape``: a ``ModelShape``, a preset's name, a ``GPTConfig`` or a
     config.json dict. ``network_gbps``: GB/s per GPU between nodes, one direction (25: a 200 Gb/s
     port per GPU). ``dtype``: the peak MFU is taken against (bf16, or fp16 on a GPU without bf16).
-    The step-time model: :mod:`labkit.plan.steptime`.
+    ``nvlink_gbps``: inside a node, one direction (default half the table's total);
+    ``even_stages``: p divides n_layer; ``include_infeasible``: ``plans`` keeps what does not fit
+    too. The step-time model: :mod:`labkit.plan.steptime`.
     """
     g, shape = get_gpu(gpu), as_shape(shape)
     check_choice("precision", precision, tuple(PRECISIONS))
     check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_bool("even_stages", even_stages)
+    check_bool("include_infeasible", include_infeasible)
+    if nvlink_gbps is not None:
+        check_positive("nvlink_gbps", nvlink_gbps)
     _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_gbps, memory_fraction,
            micro_batches, zero_stages, recompute, sequence_parallel, interleave, offload)
     shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
     ctx = dict(shape=shape, gpu=g, num_gpus=num_gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
                peak=peak_flops(g, dtype or ("bf16" if "bf16" in g.peak else "fp16")), efficiency=efficiency,
-               nvlink_gbps=g.link_gbps / 2, network_gbps=network_gbps, limit=int(memory_fraction * g.memory_bytes),
+               nvlink_gbps=g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps, network_gbps=network_gbps, limit=int(memory_fraction * g.memory_bytes),
                precision=precision, optimizer=optimizer,
                flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
     plans, overflows, considered = [], [], 0
-    for t, p, dp in layouts(shape, num_gpus, gpus_per_node):
+    for t, p, dp in layouts(shape, num_gpus, gpus_per_node, even_stages):
         found = _layout_plans(ctx, t, p, dp, micro_batches, interleave, zero_stages, recompute,
                               sequence_parallel, offload)
         considered += len(found)
         fitting = [pl for pl in found if pl.fits]
-        plans += fitting
+        plans += found if include_infeasible else fitting
         if found and not fitting:
             leanest = min(found, key=lambda pl: pl.memory.total)
             term, so_far = overflow_term(leanest.memory, ctx["limit"])

@@ -42,6 +42,7 @@ class StepTime:
     offload_s: float
     mfu: float
     hfu: float
+    comm_bytes: dict  # per GPU per step: {"tensor", "pipeline", "data"}
 
     @property
     def total_s(self) -> float:
@@ -82,4 +83,4 @@ def step_time(model_flops: float, run_flops: float, *, shape, num_gpus: int, gpu
     offload_s = 2 * rank_params * 2 / pcie_gbps / 1e9 if offload else 0.0
     total = compute + tensor_s + pipe_s + data_s + offload_s
     return StepTime(compute, bubble, tensor_s, pipe_s, data_s, offload_s, model_flops / (total * num_gpus * peak),
-                    run_flops / (total * num_gpus * peak))
+                    run_flops / (total * num_gpus * peak), {"tensor": tensor, "pipeline": pipe, "data": data})

@@ -32,15 +32,16 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(shape, num_gpus: int, gpus_per_node: int) -> list[tuple[int, int, int]]:
+def layouts(shape, num_gpus: int, gpus_per_node: int, even_stages: bool = False) -> list[tuple[int, int, int]]:
     """(t, p, N_d) with t p N_d = num_gpus: t divides n_head, n_kv_head, d_ff and gpus_per_node (a
     tensor group stays in a node); p is at most n_layer (stages of unequal layer counts when p does
-    not divide it: the estimator sizes the most loaded)."""
+    not divide it: the estimator sizes the most loaded; ``even_stages``: p divides n_layer)."""
     out = []
     for t in _divisors(shape.n_head):
         if shape.kv_heads % t or shape.ffn_dim % t or gpus_per_node % t or num_gpus % t:
             continue
-        out += [(t, p, num_gpus // (t * p)) for p in _divisors(num_gpus // t) if p <= shape.n_layer]
+        out += [(t, p, num_gpus // (t * p)) for p in _divisors(num_gpus // t)
+                if p <= shape.n_layer and not (even_stages and shape.n_layer % p)]
     return out
 
 
