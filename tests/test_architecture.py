@@ -25,7 +25,7 @@ TECHNIQUES = ("zero", "data_parallel", "checkpoint", "accumulate", "tensor_paral
               "flash_attention", "paged_attention", "context_parallel")
 # The only modules whose job is to compose techniques: what a lab's ranks run (runs), and the
 # layer that shards one model by several techniques at once (parallel).
-COMPOSING = ("runs", "parallel", "estimate")  # estimate composes the techniques' formulas, never their mechanisms
+COMPOSING = ("runs", "parallel", "estimate", "plan")  # estimate and plan compose formulas, never mechanisms
 MAX_LINES = 300
 
 
@@ -136,7 +136,7 @@ def _used_outside_tests() -> set[str]:
         code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
         sources += ["\n".join(line for line in c.splitlines() if not re.match(r"\s*(%|!)[A-Za-z]", line))
                     for c in code]  # IPython's %pip and !shell lines are not Python
-    todo = set()
+    todo = {m for m in mods if m.endswith(".__main__")}  # run by `python -m`, an entry point like a script
     for src in sources:
         todo |= _imports(src, "__main__", False, mods)
     graph, seen = _graph(), set()
