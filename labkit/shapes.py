@@ -72,29 +72,78 @@ class ModelShape(ShapeProperties):
         if self.n_head % self.kv_heads:
             raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}")
 
-    def layer_params(self) -> int:
-        """Parameters of one block: attention, MLP and two norms."""
+    def layer_params(self, tp_size: int = 1) -> int:
+        """Parameters of one block (on one of ``tp_size`` tensor-parallel ranks): attention, MLP,
+        two norms. Megatron's split: W_q, W_k, W_v, W_o, the MLP's matrices and the column-parallel
+        biases are divided by t; the norms and the two row-parallel biases are whole on every rank."""
+        t = self.check_tp_size(tp_size)
         h, hd, a, kv, f = self.d_model, self.head_dim, self.n_head, self.kv_heads, self.ffn_dim
-        attn = h * a * hd + 2 * h * kv * hd + a * hd * h  # W_q, W_k, W_v, W_o
-        mlp = (3 if self.mlp == "swiglu" else 2) * h * f  # gate, up, down (SwiGLU) or up, down
+        attn = (h * a * hd + 2 * h * kv * hd + a * hd * h) // t  # W_q, W_k, W_v, W_o
+        mlp = (3 if self.mlp == "swiglu" else 2) * h * f // t  # gate, up, down (SwiGLU) or up, down
         if self.bias:
-            attn += a * hd + 2 * kv * hd + h
-            mlp += (2 * f if self.mlp == "swiglu" else f) + h
+            attn += (a * hd + 2 * kv * hd) // t + h
+            mlp += (2 * f if self.mlp == "swiglu" else f) // t + h
         return attn + mlp + 2 * self.norm_params()
+
+    def check_tp_size(self, tp_size: int) -> int:
+        """``tp_size`` if it divides the heads, the key-value heads and d_ff, else a ValueError
+        naming what it must divide (the vocabulary is padded to a multiple of t, as Megatron does)."""
+        t = check_int("tp_size", tp_size, 1)
+        for name, value in (("n_head", self.n_head), ("n_kv_head", self.kv_heads), ("d_ff", self.ffn_dim)):
+            if value % t:
+                raise ValueError(f"tp_size={t} must divide {name}={value} (each rank holds whole heads "
+                                 f"and an equal share of d_ff); valid tp_size: "
+                                 f"{[d for d in range(1, self.n_head + 1) if self._divides_all(d)]}")
+        return t
+
+    def _divides_all(self, t: int) -> bool:
+        return not (self.n_head % t or self.kv_heads % t or self.ffn_dim % t)
+
+    def vocab_rows(self, tp_size: int = 1) -> int:
+        """Rows of the embedding (and output head) one of ``tp_size`` ranks holds: ceil(V / t), the
+        vocabulary padded to a multiple of t."""
+        return -(-self.vocab_size // check_int("tp_size", tp_size, 1))
 
     def norm_params(self) -> int:
         """Parameters of one norm: a scale (RMSNorm), or a scale and a shift (LayerNorm with bias)."""
         return self.d_model * (2 if self.norm == "layernorm" and self.bias else 1)
 
-    def embedding_params(self) -> int:
-        """Token embedding, learned position table, and an untied output head."""
-        h, V = self.d_model, self.vocab_size
+    def embedding_params(self, tp_size: int = 1) -> int:
+        """Token embedding, learned position table, and an untied output head (the vocabulary's
+        rows divided over ``tp_size`` ranks; the position table whole on each)."""
+        t = self.check_tp_size(tp_size)
+        h = self.d_model
         positions = (self.n_positions or self.seq_len) * h if self.pos == "learned" else 0
-        return V * h * (1 if self.tie_embeddings else 2) + positions
+        return self.vocab_rows(t) * h * (1 if self.tie_embeddings else 2) + positions
 
     def num_params(self) -> int:
         """Exact parameter count Ψ (tied embeddings counted once)."""
         return self.embedding_params() + self.n_layer * self.layer_params() + self.norm_params()
+
+    def stage_layers(self, pp_size: int = 1, stage: int = 0) -> int:
+        """Blocks of pipeline ``stage`` of ``pp_size``: n_layer / p, the first n_layer mod p stages
+        one more (with v chunks a rank, the same total)."""
+        p = check_int("pp_size", pp_size, 1, self.n_layer)
+        check_int("stage", stage, 0, p - 1)
+        return self.n_layer // p + (1 if stage < self.n_layer % p else 0)
+
+    def stage_params(self, tp_size: int = 1, pp_size: int = 1, stage: int = 0) -> int:
+        """Parameters one rank of pipeline ``stage`` holds under tensor parallelism ``tp_size``.
+
+        The first stage holds the token embedding (and position table), the last the final norm
+        and the output head; with tied embeddings and p > 1 the last stage holds its own copy of
+        the embedding (Megatron's), kept equal by the tied-gradient exchange. The one formula of
+        parameters per rank: tensor parallelism, the planner and the estimator call it.
+        """
+        t = self.check_tp_size(tp_size)
+        p = check_int("pp_size", pp_size, 1, self.n_layer)
+        n = self.stage_layers(p, stage) * self.layer_params(t)
+        head = self.vocab_rows(t) * self.d_model  # the output head, or a tied embedding's copy
+        if stage == 0:
+            n += self.embedding_params(t) - (0 if self.tie_embeddings or p == 1 else head)
+        if stage == p - 1:
+            n += self.norm_params() + (head if p > 1 else 0)
+        return n
 
     def to_dict(self) -> dict:
         return asdict(self)

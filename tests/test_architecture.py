@@ -24,7 +24,7 @@ LABKIT = ROOT / "labkit"
 TECHNIQUES = ("zero", "checkpoint", "accumulate", "tensor_parallel", "pipeline", "flash_attention",
               "paged_attention")
 # The only modules whose job is to compose techniques: what a lab's ranks run, 3D parallelism.
-COMPOSING = ("runs",)
+COMPOSING = ("runs", "estimate")  # estimate composes the techniques' formulas, never their mechanisms
 MAX_LINES = 300
 
 
@@ -358,3 +358,13 @@ def test_labkit_exports_still_load_on_first_use():
     assert labkit.memory.MemoryMeter.__module__ == "labkit.memory.meter"  # a submodule, on first use
     with pytest.raises(AttributeError, match="no attribute 'not_a_module'"):
         labkit.not_a_module  # noqa: B018
+
+
+def test_import_labkit_estimate_leaves_torch_out():
+    # the estimator runs where torch is not installed (a browser page): a fresh interpreter
+    code = ("import sys, labkit.estimate\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing labkit.estimate imported torch modules: {out.stdout.strip()}"

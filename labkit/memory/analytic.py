@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..precision import _check
 from ..validate import check_bool, check_choice, check_int
 
 __all__ = [
-    "ModelStateBytes", "model_state_bytes",
-    "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes",
+    "ModelStateBytes", "model_state_bytes", "RECOMPUTE",
+    "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes", "llama_layer_bytes",
 ]
+
+# What a layer keeps under recomputation (Korthikanti et al. 2022): everything, all but the
+# attention core (selective), or its input only (full). The one list of the modes: the
+# checkpoint package, tensor parallelism, the planner and the estimator read it from here.
+RECOMPUTE = ("none", "selective", "full")
 
 # bytes per parameter: (parameters, gradients, optimizer states) for each policy
 _PARAM_GRAD = {"fp32": (4, 4), "mixed": (2, 2), "mixed_fp32_grads": (2, 4), "bf16": (2, 2)}
@@ -53,7 +57,8 @@ def model_state_bytes(n_params: int, precision: str = "mixed", optimizer: str = 
     on the CPU unless the optimizer is ``fused`` or ``capturable`` (``step_on_device=True``): on
     ``device_type="cuda"`` the counters are then host memory and not counted.
     """
-    _check(precision, optimizer)
+    check_choice("precision", precision, tuple(_PARAM_GRAD))  # labkit.precision.PRECISIONS, torch-free
+    check_choice("optimizer", optimizer, tuple(_N_STATES))  # labkit.precision.OPTIMIZERS
     check_int("n_params", n_params)
     check_int("n_tensors", n_tensors)
     check_choice("device_type", device_type, ("cpu", "cuda"))
@@ -119,11 +124,66 @@ def activation_bytes(cfg, batch_size: int, seq_len: int | None = None, *, dtype_
     return ActivationBytes(per_layer=sum(terms.values()), head=head, n_layer=cfg.n_layer, terms=terms)
 
 
-def korthikanti_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int) -> float:
-    """Per-layer activation bytes of Korthikanti et al. (2022), eq. 1: sbh(34 + 5as/h).
+def korthikanti_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int,
+                                 tp_size: int = 1, sequence_parallel: bool = False,
+                                 recompute: str = "none") -> float:
+    """Per-layer activation bytes per rank of Korthikanti et al. (2022), eq. 1 and Table 2.
 
-    Assumes 16-bit activations, 1-byte dropout masks and no tensor parallelism.
+    16-bit activations, 1-byte dropout masks. t = ``tp_size``: sbh(10 + 24/t + 5as/(ht)), or
+    sbh/t (34 + 5as/h) with ``sequence_parallel``; "selective" recomputation drops the 5as/h
+    attention-core term; "full" keeps the layer input only, 2sbh (2sbh/t with SP). With t = 1:
+    eq. 1, sbh(34 + 5as/h). The one place this formula is written.
     """
-    s, b, h, a = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
-                                                  ("d_model", d_model), ("n_head", n_head)))
-    return s * b * h * (34 + 5 * a * s / h)
+    s, b, h, a, t = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
+                                                     ("d_model", d_model), ("n_head", n_head),
+                                                     ("tp_size", tp_size)))
+    sp = check_bool("sequence_parallel", sequence_parallel)
+    check_choice("recompute", recompute, RECOMPUTE)
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / t if sp else 2 * sbh
+    attn = 0 if recompute == "selective" else 5 * a * s / h
+    if t == 1:
+        return sbh * (34 + attn)
+    return sbh / t * (34 + attn) if sp else sbh * (10 + 24 / t + attn / t)
+
+
+def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, n_kv_head: int,
+                      d_ff: int, *, dtype_bytes: int = 2, tp_size: int = 1,
+                      sequence_parallel: bool = False, recompute: str = "none") -> dict:
+    """Bytes one Llama block of :class:`labkit.model.GPT` keeps for backward, per rank, by term.
+
+    Derived as Korthikanti et al. derive GPT-2's, from which tensors autograd saves in labkit's
+    code (RMSNorm computed in fp32, rotary positions, grouped-query attention, SwiGLU, no
+    dropout), e = ``dtype_bytes``, u = sbh e, n_kv = ``n_kv_head``, hd = h/a, f = ``d_ff``:
+    each RMSNorm keeps its fp32 input 4sbh, its fp32 1/rms 4bs, the normalised tensor cast back
+    and its output (2u); the qkv projection's output (a + 2 n_kv) hd sb e (rope's inputs, v a view
+    of it); the rotated q, the keys repeated to a heads (u each), the values (u: repeated, or a
+    copy matmul makes of the strided view when b > 1 and a > 1), the softmax a s^2 b e, c_proj's
+    input u; SwiGLU's gate, its SiLU, up and their product (4 sbf e). t = ``tp_size`` divides the
+    heads, n_kv and f; sequence parallelism divides the norms' terms by t too. "selective" drops
+    the softmax, "full" keeps the block input only (sbh e, /t with SP).
+    """
+    s, b, h, a, kv, f, t = (check_int(n, v, 1) for n, v in (
+        ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model), ("n_head", n_head),
+        ("n_kv_head", n_kv_head), ("d_ff", d_ff), ("tp_size", tp_size)))
+    e = check_choice("dtype_bytes", dtype_bytes, (2, 4))
+    r = t if check_bool("sequence_parallel", sequence_parallel) else 1
+    check_choice("recompute", recompute, RECOMPUTE)
+    u, hd = s * b * h * e, h // a
+    if recompute == "full":
+        return {"block input (sbh e / r)": u // r}
+    copies_v = kv < a or (b > 1 and a > t)  # repeated heads, or matmul's copy of a strided view
+    terms = {
+        "RMSNorm fp32 inputs and 1/rms (2 (4sbh + 4bs) / r)": 2 * (4 * s * b * h + 4 * b * s) // r,
+        "RMSNorm normalised and outputs (4 sbh e / r)": 4 * u // r,
+        "qkv output ((a + 2 n_kv) hd sb e / t)": (a + 2 * kv) * hd * s * b * e // t,
+        "rotated q, repeated k (2 sbh e / t)": 2 * u // t,
+        "values for the core (sbh e / t)": u // t if copies_v else 0,
+        "softmax output (a s^2 b e / t)": a * s * s * b * e // t,
+        "c_proj input (sbh e / t)": u // t,
+        "SwiGLU gate, SiLU, up, product (4 sbf e / t)": 4 * s * b * f * e // t,
+    }
+    if recompute == "selective":
+        terms.pop("softmax output (a s^2 b e / t)")
+    return terms

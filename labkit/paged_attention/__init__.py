@@ -7,21 +7,13 @@ with copy-on-write and prefix sharing; ``sampling``: requests, greedy, sampling 
 ``reservation``: contiguous reservation and the accounting of waste; ``scheduler``: arrivals,
 admission and preemption; ``engine``: continuous batching; ``timing``: a decode step's time against the batch;
 ``traces``: synthetic traces.
+
+``analytic`` imports no torch and is loaded at once; the rest on first use.
 """
 
-from .allocator import BlockAllocator, OutOfBlocksError
 from .analytic import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, blocks_for_tokens,
                        kv_bytes, kv_bytes_per_token, kv_bytes_per_token_of,
                        slots_wasted_in_last_block)
-from .attention import paged_attention, slot_mapping, write_kv
-from .cache import PagedKVCache, PagedStep
-from .contiguous import KVCache, generate
-from .engine import RESERVATIONS, Engine, ServeResult
-from .reservation import ContiguousAllocator, Waste
-from .sampling import Decision, Request, Sequence, decide
-from .scheduler import Batch, Group, Scheduler
-from .timing import decode_step_seconds
-from .traces import ALPACA, SHAREGPT, LengthDistribution, synthetic_trace
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "PUBLISHED_MODELS", "kv_bytes", "kv_bytes_per_token",
@@ -31,3 +23,33 @@ __all__ = [
     "decide", "ContiguousAllocator", "Waste", "Scheduler", "Group", "Batch", "RESERVATIONS",
     "Engine", "ServeResult", "decode_step_seconds", "SHAREGPT", "ALPACA", "LengthDistribution", "synthetic_trace",
 ]
+_SUBMODULES = ('allocator', 'attention', 'cache', 'contiguous', 'engine', 'reservation', 'sampling', 'scheduler', 'timing', 'traces')
+
+
+def _load() -> dict:
+    """Import the torch-side submodules and return their exports."""
+    from .allocator import BlockAllocator, OutOfBlocksError
+    from .attention import paged_attention, slot_mapping, write_kv
+    from .cache import PagedKVCache, PagedStep
+    from .contiguous import KVCache, generate
+    from .engine import RESERVATIONS, Engine, ServeResult
+    from .reservation import ContiguousAllocator, Waste
+    from .sampling import Decision, Request, Sequence, decide
+    from .scheduler import Batch, Group, Scheduler
+    from .timing import decode_step_seconds
+    from .traces import ALPACA, SHAREGPT, LengthDistribution, synthetic_trace
+    return locals()
+
+
+def __getattr__(name: str):
+    """Load the torch-side exports (and submodules) on first use."""
+    if name in __all__:
+        return _load()[name]
+    if name in _SUBMODULES:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,25 +9,36 @@ from __future__ import annotations
 
 import math
 
+from ..shapes import PRESETS
 from ..validate import check_int
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "PUBLISHED_MODELS", "kv_bytes_per_token", "kv_bytes_per_token_of",
+__all__ = ["DEFAULT_BLOCK_SIZE", "PUBLISHED_MODELS", "kv_bytes_per_token", "kv_bytes_per_token_of", "cached_tokens",
            "kv_bytes", "blocks_for_tokens", "slots_wasted_in_last_block"]
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per block: vLLM's default (Kwon et al. 2023, Sec. 7.2)
 
-# Published shapes: (n_layer, n_kv_heads, head_dim, the most tokens one sequence caches). OPT-13B
-# (Zhang et al. 2022, Table 1: 40 layers, 40 heads, d_model 5120); Llama-2-7B and Llama-2-70B
-# (Touvron et al. 2023, Table 1 and Sec. 2.2: 70B uses grouped-query attention with 8 key-value
-# heads; d_model 4096 and 8192 with 32 and 64 query heads, so head_dim 128); Mistral-7B (Jiang
-# et al. 2023, Table 1 and Sec. 2): its context is 8192 tokens, but its sliding window of 4096
-# lets a rolling buffer cache at most 4096 tokens' keys and values.
+# Published shapes, read from labkit.shapes.PRESETS (each cited there): (n_layer, n_kv_heads,
+# head_dim, the most tokens one sequence caches). Llama-2-70B and Mistral-7B use grouped-query
+# attention with 8 key-value heads; Mistral-7B's sliding window of 4096 lets a rolling buffer
+# cache at most 4096 tokens' keys and values, whatever its context.
+_PUBLISHED = {"OPT-13B": "opt-13b", "Llama-2-7B": "llama-2-7b", "Llama-2-70B (GQA)": "llama-2-70b",
+              "Mistral-7B (GQA)": "mistral-7b"}
+
+
+def _cache_shape(shape) -> tuple[int, int, int, int]:
+    return (shape.n_layer, shape.kv_heads, shape.head_dim, cached_tokens(shape, shape.seq_len))
+
+
+def cached_tokens(shape, context_len: int) -> int:
+    """Tokens whose keys and values one sequence of ``context_len`` tokens keeps: all of them,
+    or the last ``sliding_window`` (a rolling buffer, Jiang et al. 2023)."""
+    check_int("context_len", context_len, 1)
+    window = getattr(shape, "sliding_window", None)
+    return context_len if window is None else min(window, context_len)
+
+
 PUBLISHED_MODELS: dict[str, tuple[int, int, int, int]] = {
-    "OPT-13B": (40, 40, 128, 2048),
-    "Llama-2-7B": (32, 32, 128, 4096),
-    "Llama-2-70B (GQA)": (80, 8, 128, 4096),
-    "Mistral-7B (GQA)": (32, 8, 128, 4096),
-}
+    name: _cache_shape(PRESETS[key]) for name, key in _PUBLISHED.items()}
 
 
 def kv_bytes_per_token(n_layer: int, n_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -39,8 +50,9 @@ def kv_bytes_per_token(n_layer: int, n_kv_heads: int, head_dim: int, dtype_bytes
 
 
 def kv_bytes_per_token_of(cfg, dtype_bytes: int = 2) -> int:
-    """:func:`kv_bytes_per_token` of a labkit ``GPTConfig`` (multi-head: n_kv_heads = n_head)."""
-    return kv_bytes_per_token(cfg.n_layer, cfg.n_head, cfg.head_dim, dtype_bytes)
+    """:func:`kv_bytes_per_token` of a labkit ``GPTConfig`` or a ``ModelShape``: n_kv_heads is its
+    ``kv_heads`` (n_head for multi-head attention, fewer with grouped-query attention)."""
+    return kv_bytes_per_token(cfg.n_layer, cfg.kv_heads, cfg.head_dim, dtype_bytes)
 
 
 def kv_bytes(num_tokens: int, n_layer: int, n_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:

@@ -5,19 +5,41 @@ timeline from a schedule and costs; ``split``: stage ranges and the chunks a ran
 ``comm``: the point-to-point messages, the tied embedding's exchange and the same-model check;
 ``runtime``: a schedule executed over real ranks; ``analytic``: bubble and in-flight formulas;
 ``gantt``: a timeline drawn per rank.
+
+``analytic`` and ``schedules`` import no torch and are loaded at once; the rest on first use.
 """
 
 from .analytic import bubble_fraction, max_in_flight, p2p_messages
-from .comm import check_same_model, exchange_tied_grad
-from .gantt import plot_gantt
-from .runtime import PipelineResult, run_schedule
 from .schedules import (SCHEDULES, Action, make_schedule, peak_in_flight, schedule_1f1b,
                         schedule_gpipe, schedule_interleaved)
-from .simulate import Timeline, simulate
-from .split import StageChunk, build_chunks, split_stages
 
 __all__ = ["bubble_fraction", "max_in_flight", "p2p_messages", "check_same_model",
            "exchange_tied_grad", "plot_gantt", "PipelineResult", "run_schedule", "SCHEDULES",
            "Action", "make_schedule", "peak_in_flight", "schedule_1f1b", "schedule_gpipe",
            "schedule_interleaved", "Timeline", "simulate", "StageChunk", "build_chunks",
            "split_stages"]
+_SUBMODULES = ('comm', 'gantt', 'runtime', 'simulate', 'split')
+
+
+def _load() -> dict:
+    """Import the torch-side submodules and return their exports."""
+    from .comm import check_same_model, exchange_tied_grad
+    from .gantt import plot_gantt
+    from .runtime import PipelineResult, run_schedule
+    from .simulate import Timeline, simulate
+    from .split import StageChunk, build_chunks, split_stages
+    return locals()
+
+
+def __getattr__(name: str):
+    """Load the torch-side exports (and submodules) on first use."""
+    if name in __all__:
+        return _load()[name]
+    if name in _SUBMODULES:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

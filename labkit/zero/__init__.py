@@ -6,24 +6,47 @@ gradients), ``FullyShardedModule`` (stage 3: and parameters), ``OffloadOptimizer
 ``DataParallelBucketed``, sharded checkpoints that load at any world size
 (``sharded_state``), the shard arithmetic they share (``flat``) and the paper's formulas
 (``analytic``).
+
+``analytic`` imports no torch and is loaded at once; the mechanisms are loaded on first use.
 """
 
-from .analytic import (VOLUME_WEIGHT, OffloadSavings, analytic_comm_volume, comm_volume, offload_savings,
+from .analytic import (STAGES, VOLUME_WEIGHT, OffloadSavings, analytic_comm_volume, comm_volume,
+                       offload_savings, padded_numel, shard_numel, zero_bytes_per_param,
                        zero_model_state_bytes)
-from .comm import INIT_SYNCS
-from .ddp import DataParallelBucketed, DataParallelNaive
-from .flat import FlatLayout, padded_numel, shard_numel, shard_range
-from .offload import OffloadOptimizer
-from .sharded_state import CheckpointError, load_sharded, save_sharded, verify_sharded
-from .stage1 import ShardedOptimizer, check_elementwise_optimizer
-from .stage2 import ShardedGradOptimizer
-from .stage3 import FullyShardedModule
 
 __all__ = [
     "ShardedOptimizer", "ShardedGradOptimizer", "FullyShardedModule", "OffloadOptimizer",
     "DataParallelNaive", "DataParallelBucketed", "INIT_SYNCS", "check_elementwise_optimizer",
     "save_sharded", "load_sharded", "verify_sharded", "CheckpointError",
     "shard_numel", "padded_numel", "shard_range", "FlatLayout",
-    "zero_model_state_bytes", "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume",
-    "OffloadSavings", "offload_savings",
+    "zero_model_state_bytes", "zero_bytes_per_param", "STAGES", "VOLUME_WEIGHT", "comm_volume",
+    "analytic_comm_volume", "OffloadSavings", "offload_savings",
 ]
+_SUBMODULES = ("comm", "ddp", "flat", "offload", "sharded_state", "stage1", "stage2", "stage3")
+
+
+def _load() -> dict:
+    """Import the mechanisms (they need torch) and return their exports."""
+    from .comm import INIT_SYNCS
+    from .ddp import DataParallelBucketed, DataParallelNaive
+    from .flat import FlatLayout, shard_range
+    from .offload import OffloadOptimizer
+    from .sharded_state import CheckpointError, load_sharded, save_sharded, verify_sharded
+    from .stage1 import ShardedOptimizer, check_elementwise_optimizer
+    from .stage2 import ShardedGradOptimizer
+    from .stage3 import FullyShardedModule
+    return locals()
+
+
+def __getattr__(name: str):
+    """Load the mechanisms (and submodules) on first use, so ``zero.analytic`` needs no torch."""
+    if name in __all__:
+        return _load()[name]
+    if name in _SUBMODULES:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,14 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..memory.analytic import ModelStateBytes, model_state_bytes
-from ..precision import OPTIMIZERS, PRECISIONS
 from ..validate import check_choice, check_int
-from .flat import padded_numel, shard_numel
 
-__all__ = ["zero_model_state_bytes", "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume",
-           "OffloadSavings", "offload_savings"]
+__all__ = ["STAGES", "shard_numel", "padded_numel", "zero_model_state_bytes", "zero_bytes_per_param",
+           "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume", "OffloadSavings", "offload_savings"]
 
 STAGES = (0, 1, 2, 3)
+
+
+def shard_numel(numel: int, world_size: int) -> int:
+    """Elements of one rank's shard: ceil(numel / world_size)."""
+    check_int("numel", numel, 0)
+    check_int("world_size", world_size, 1)
+    return -(-numel // world_size)
+
+
+def padded_numel(numel: int, world_size: int) -> int:
+    """Length of the padded flat buffer: world_size * ceil(numel / world_size)."""
+    return shard_numel(numel, world_size) * world_size
 
 
 def zero_model_state_bytes(n_params: int, world_size: int, stage: int, precision: str = "mixed",
@@ -36,6 +46,21 @@ def zero_model_state_bytes(n_params: int, world_size: int, stage: int, precision
     return ModelStateBytes(params=part.params if stage >= 3 else full.params,
                            grads=part.grads if stage >= 2 else full.grads,
                            optimizer=part.optimizer if stage >= 1 else full.optimizer)
+
+
+def zero_bytes_per_param(stage: int, world_size: int, precision: str = "mixed",
+                         optimizer: str = "adam") -> float:
+    """Model-state bytes per parameter per rank, unpadded: what stays whole plus what is sharded
+    over N_d = ``world_size``. Mixed-precision Adam: 16, 4 + 12/N_d, 2 + 14/N_d, 16/N_d for
+    stages 0-3 (Rajbhandari et al. 2020, Section 5). :func:`zero_model_state_bytes` counts the
+    padded shards of an actual parameter count, to the byte."""
+    check_int("world_size", world_size, 1)
+    check_choice("stage", stage, STAGES)
+    one = model_state_bytes(1, precision, optimizer)
+    parts = ((one.params, 3), (one.grads, 2), (one.optimizer, 1))  # (bytes, the stage that shards them)
+    whole = sum(b for b, first in parts if stage < first)
+    sharded = sum(b for b, first in parts if stage >= first)
+    return whole + sharded / world_size
 
 
 # Elements moved per rank, per element of the full-size tensor (the paper's convention: an
@@ -87,8 +112,7 @@ def offload_savings(n_params: int, world_size: int = 1, precision: str = "mixed"
     per step the gradient shard goes down and the parameter shard comes back, both in the
     parameters' dtype. Model states only: activations and transient buckets come on top.
     """
-    check_choice("precision", precision, PRECISIONS)
-    check_choice("optimizer", optimizer, OPTIMIZERS)
+    model_state_bytes(0, precision, optimizer)  # checks precision and optimizer
     zero2 = zero_model_state_bytes(n_params, world_size, 2, precision, optimizer)
     per_param = model_state_bytes(1, precision, optimizer)  # bytes of one parameter and its gradient
     return OffloadSavings(gpu_bytes_without=zero2.total, gpu_bytes_with=zero2.params,

@@ -13,20 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from ..validate import check_int
+from .analytic import padded_numel, shard_numel  # torch-free, so the estimator reads them
 
 __all__ = ["shard_numel", "padded_numel", "shard_range", "param_slice", "FlatLayout", "buckets_by_numel"]
-
-
-def shard_numel(numel: int, world_size: int) -> int:
-    """Elements of one rank's shard: ceil(numel / world_size)."""
-    check_int("numel", numel, 0)
-    check_int("world_size", world_size, 1)
-    return -(-numel // world_size)
-
-
-def padded_numel(numel: int, world_size: int) -> int:
-    """Length of the padded flat buffer: world_size * ceil(numel / world_size)."""
-    return shard_numel(numel, world_size) * world_size
 
 
 def shard_range(numel: int, world_size: int, rank: int) -> tuple[int, int]:
