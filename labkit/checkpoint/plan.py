@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..memory.analytic import RECOMPUTE
 from ..validate import check_choice, check_int
 
 __all__ = ["MODES", "POLICIES", "Plan", "make_plan"]
 
-MODES = ("none", "selective", "full")
+MODES = RECOMPUTE  # ("none", "selective", "full"): the one list, in labkit.memory.analytic
 POLICIES = ("none", "full", "every_k", "sqrt", "selective", "budget")
 
 

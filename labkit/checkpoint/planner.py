@@ -11,6 +11,7 @@ that keeps more bytes than another for no fewer FLOPs and no lower peak (GPT-3's
 
 from __future__ import annotations
 
+from ..model import check_gpt2_block
 from ..validate import check_int
 from .analytic import _head_peak, _segment_peak, block_bytes, block_forward_flops, core_forward_flops
 from .plan import Plan
@@ -20,6 +21,9 @@ __all__ = ["plan_for_budget", "min_peak_plan"]
 
 def _search(cfg, batch_size, seq_len, budget, by_peak, **kw):
     """Best (cost, peak, segments) over all plans whose peak <= budget; by_peak: minimise the peak."""
+    # the byte formulas (labkit.checkpoint.analytic) follow GPT-2's block; a Llama-family block's
+    # parts (RMSNorm, SwiGLU, rotary, grouped-query attention) keep other tensors
+    check_gpt2_block(cfg, "the checkpointing planner (policy='budget')")
     q = block_bytes(cfg, batch_size, seq_len, **kw)
     L = cfg.n_layer
     f_block, f_core = block_forward_flops(cfg, batch_size, seq_len), core_forward_flops(cfg, batch_size, seq_len)

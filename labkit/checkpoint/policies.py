@@ -58,7 +58,11 @@ def apply_checkpointing(model, policy="full", *, k: int | None = None, budget: i
     (``budget`` bytes for ``batch_size``, ``seq_len``, planned for the model's dtype, device and
     current train/eval mode by :func:`labkit.checkpoint.plan_for_budget`). ``impl``: ``"scratch"``
     (:class:`CheckpointFunction`, whose peaks the planner predicts) or ``"torch"``
-    (``torch.utils.checkpoint``, non-reentrant). Reapplying replaces the old plan.
+    (``torch.utils.checkpoint``, non-reentrant). Reapplying replaces the old plan. Both families:
+    a full segment recomputes every part of its blocks (LayerNorm or RMSNorm, GELU MLP or SwiGLU's
+    gate, up and down, rotary positions); ``selective`` the attention core, whose inputs are q and k
+    already rotated and the key-value heads already repeated for grouped-query attention.
+    ``budget`` plans from GPT-2's block's byte formulas and refuses another block.
     """
     check_choice("impl", impl, IMPLS)
     blocks = _blocks(model)

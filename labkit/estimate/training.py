@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..memory.analytic import RECOMPUTE, korthikanti_activation_bytes, llama_layer_bytes
+from ..memory.analytic import RECOMPUTE, head_bytes, korthikanti_activation_bytes, llama_layer_bytes
 from ..pipeline.analytic import max_in_flight
 from ..pipeline.schedules import SCHEDULES
 from ..shapes import ModelShape, preset
@@ -143,7 +143,7 @@ def _stage_estimate(shape, stage, dp, tp, pp, cp, *, seq_len, micro_batch, zero_
     policy, e = PRECISIONS[precision]
     n_params = shape.stage_params(tp, pp, stage)
     states = zero_model_state_bytes(n_params, dp * cp, zero_stage, policy, optimizer)
-    s, b, t, r = seq_len // cp, micro_batch, tp, (tp if sequence_parallel else 1)
+    s, b, t = seq_len // cp, micro_batch, tp
     layer = dict(sequence_parallel=sequence_parallel, dtype_bytes=e)
     kept = layer_activation_bytes(shape, s, b, t, recompute=recompute, **layer)
     # Stage `stage` holds max_in_flight micro-batches (chunks of 1/v of its layers, interleaved).
@@ -157,10 +157,10 @@ def _stage_estimate(shape, stage, dp, tp, pp, cp, *, seq_len, micro_batch, zero_
     if zero_stage == 3 and dp * cp > 1:  # one layer's parameters gathered whole, and their gradients
         one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, optimizer)
         transient += one.params + one.grads
-    if stage == pp - 1:  # the loss keeps the log-softmax of this rank's logits (b s V/t), and the
-        logits = b * s * shape.vocab_rows(t) * e  # logits (or their gradient) sit beside it
-        activations += in_flight * (logits + 2 * s * b * shape.d_model * e // r)  # + the final norm's input, output
-        transient += logits
+    if stage == pp - 1:  # the final norm and the loss's log-softmax (b s V/t), kept; the logits
+        activations += in_flight * head_bytes(s, b, shape.d_model, shape.vocab_size, norm=shape.norm,
+                                              dtype_bytes=e, tp_size=t, sequence_parallel=sequence_parallel)
+        transient += b * s * shape.vocab_rows(t) * e  # (then their gradient) sit beside the log-softmax
     if offload:
         return MemoryEstimate(states.params, 0, 0, activations, transient, stage,
                               offloaded=states.grads + states.optimizer)

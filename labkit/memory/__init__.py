@@ -4,13 +4,13 @@
 (which need torch) are loaded on first use, so that ``labkit.estimate`` runs without torch.
 """
 
-from .analytic import (RECOMPUTE, ActivationBytes, ModelStateBytes, activation_bytes,
+from .analytic import (RECOMPUTE, ActivationBytes, ModelStateBytes, activation_bytes, head_bytes,
                        korthikanti_activation_bytes, llama_layer_bytes, model_state_bytes)
 
 __all__ = [
     # analytic: Chapter 1's formulas
     "ModelStateBytes", "model_state_bytes", "ActivationBytes", "activation_bytes",
-    "korthikanti_activation_bytes", "llama_layer_bytes", "RECOMPUTE",
+    "korthikanti_activation_bytes", "llama_layer_bytes", "head_bytes", "RECOMPUTE",
     # measured: the meter and the one step loop
     "CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
     "optimizer_tensors", "train_step",

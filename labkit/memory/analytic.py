@@ -14,7 +14,7 @@ from ..validate import check_bool, check_choice, check_int
 
 __all__ = [
     "ModelStateBytes", "model_state_bytes", "RECOMPUTE",
-    "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes", "llama_layer_bytes",
+    "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes", "llama_layer_bytes", "head_bytes",
 ]
 
 # What a layer keeps under recomputation (Korthikanti et al. 2022): everything, all but the
@@ -155,14 +155,16 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
 
     Derived as Korthikanti et al. derive GPT-2's, from which tensors autograd saves in labkit's
     code (RMSNorm computed in fp32, rotary positions, grouped-query attention, SwiGLU, no
-    dropout), e = ``dtype_bytes``, u = sbh e, n_kv = ``n_kv_head``, hd = h/a, f = ``d_ff``:
-    each RMSNorm keeps its fp32 input 4sbh, its fp32 1/rms 4bs, the normalised tensor cast back
-    and its output (2u); the qkv projection's output (a + 2 n_kv) hd sb e (rope's inputs, v a view
-    of it); the rotated q, the keys repeated to a heads (u each), the values (u: repeated, or a
-    copy matmul makes of the strided view when b > 1 and a > 1), the softmax a s^2 b e, c_proj's
-    input u; SwiGLU's gate, its SiLU, up and their product (4 sbf e). t = ``tp_size`` divides the
-    heads, n_kv and f; sequence parallelism divides the norms' terms by t too. "selective" drops
-    the softmax, "full" keeps the block input only (sbh e, /t with SP).
+    dropout); e = ``dtype_bytes``, u = sbh e, hd = h/a, f = ``d_ff``, and a, n_kv the heads of
+    one of t = ``tp_size`` ranks. Each RMSNorm keeps its fp32 input (4sbh), its fp32 1/rms (4bs),
+    the normalised tensor cast back and its output (2u). Attention keeps the rotated q (u), the
+    keys and values matmul reads, the softmax (a s^2 b e) and c_proj's input (u); rope keeps
+    nothing (its cos and sin are buffers). Keys: the rotated k (u) when n_kv = a; with n_kv < a
+    the copy ``repeat_kv`` makes (u), except one KV head at b = 1, a stride-0 view of k (u/a).
+    Values: a view of the qkv projection's output ((a + 2 n_kv) hd sb e) when matmul can fold
+    (b, a) into one batch dimension without copying (n_kv = a or 1, and b = 1), else a copy (u).
+    SwiGLU keeps its gate, SiLU, up and their product (4 sbf e). Sequence parallelism divides the
+    norms' terms by t too; "selective" drops the softmax, "full" keeps the block input (u, /t with SP).
     """
     s, b, h, a, kv, f, t = (check_int(n, v, 1) for n, v in (
         ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model), ("n_head", n_head),
@@ -170,20 +172,43 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
     e = check_choice("dtype_bytes", dtype_bytes, (2, 4))
     r = t if check_bool("sequence_parallel", sequence_parallel) else 1
     check_choice("recompute", recompute, RECOMPUTE)
-    u, hd = s * b * h * e, h // a
     if recompute == "full":
-        return {"block input (sbh e / r)": u // r}
-    copies_v = kv < a or (b > 1 and a > t)  # repeated heads, or matmul's copy of a strided view
+        return {"block input (sbh e / r)": s * b * h * e // r}
+    a, kv, f, hd = a // t, kv // t, f // t, h // a  # this rank's heads and MLP width
+    token = hd * s * b * e  # one head's (b, s, hd) tensor
+    folds = b == 1 or a == 1  # matmul folds (b, a) into one batch dimension as a view
     terms = {
         "RMSNorm fp32 inputs and 1/rms (2 (4sbh + 4bs) / r)": 2 * (4 * s * b * h + 4 * b * s) // r,
-        "RMSNorm normalised and outputs (4 sbh e / r)": 4 * u // r,
-        "qkv output ((a + 2 n_kv) hd sb e / t)": (a + 2 * kv) * hd * s * b * e // t,
-        "rotated q, repeated k (2 sbh e / t)": 2 * u // t,
-        "values for the core (sbh e / t)": u // t if copies_v else 0,
-        "softmax output (a s^2 b e / t)": a * s * s * b * e // t,
-        "c_proj input (sbh e / t)": u // t,
-        "SwiGLU gate, SiLU, up, product (4 sbf e / t)": 4 * s * b * f * e // t,
+        "RMSNorm normalised and outputs (4 sbh e / r)": 4 * s * b * h * e // r,
+        "rotated q (sbh e / t)": a * token,
+        "keys for the core (sbh e / t; one KV head at b = 1: sbh e / a)":
+            (kv if kv == 1 and folds else a) * token,
+        "values for the core (sbh e / t, or the qkv output it views)":
+            ((a + 2 * kv) if (kv in (a, 1) and folds) else a) * token,
+        "softmax output (a s^2 b e / t)": a * s * s * b * e,
+        "c_proj input (sbh e / t)": a * token,
+        "SwiGLU gate, SiLU, up, product (4 sbf e / t)": 4 * s * b * f * e,
     }
     if recompute == "selective":
         terms.pop("softmax output (a s^2 b e / t)")
     return terms
+
+
+def head_bytes(seq_len: int, batch_size: int, d_model: int, vocab_size: int, *, norm: str = "rmsnorm",
+               dtype_bytes: int = 2, tp_size: int = 1, sequence_parallel: bool = False) -> int:
+    """Bytes the model's head keeps for backward, per rank: the final norm (RMSNorm's terms as in
+    :func:`llama_layer_bytes`, or LayerNorm's input, output and fp32 mean and rstd), the
+    log-softmax of this rank's logits that the cross-entropy keeps (b s V/t e, the vocabulary
+    padded to a multiple of t) and the loss with its weight (2e). Exact for labkit's
+    single-process model on the CPU."""
+    s, b, h, V, t = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
+                                                   ("d_model", d_model), ("vocab_size", vocab_size),
+                                                   ("tp_size", tp_size)))
+    check_choice("norm", norm, ("rmsnorm", "layernorm"))
+    e = check_choice("dtype_bytes", dtype_bytes, (2, 4))
+    r = t if check_bool("sequence_parallel", sequence_parallel) else 1
+    if norm == "rmsnorm":  # fp32 input and 1/rms, the normalised tensor and the output
+        norm_bytes = (4 * s * b * h + 4 * b * s + 2 * s * b * h * e) // r
+    else:  # input and output, fp32 mean and rstd
+        norm_bytes = (2 * s * b * h * e + 8 * b * s) // r
+    return norm_bytes + b * s * -(-V // t) * e + 2 * e

@@ -164,13 +164,16 @@ def run_schedule(chunks, actions: list[Action], *, rank: int, pp_size: int, inpu
     target)``; ``act_shape``: the (B, T, C) shape stages exchange; ``ranks``: the stages' global
     ranks in ``group`` (default 0..p-1). Each micro-batch's loss is scaled by ``loss_scale``
     (default 1/m). Gradients accumulate in the chunks' ``.grad``; ``tied``: a parameter the first
-    and last stage both hold, whose gradient the two sum at the end (the tied embedding).
+    and last stage both hold, whose gradient the two sum at the end (the tied embedding); left
+    alone where the chunks say their model's embeddings are untied (``StageChunk.tied_embeddings``).
     """
     ranks = list(range(pp_size)) if ranks is None else list(ranks)
     _check_args(chunks, actions, rank, pp_size, ranks, act_shape)
     check_backend_order(pp_size, len(chunks), group)
     m = 1 + max(a.mb for a in actions)
-    ends = tied is not None and pp_size > 1 and rank in (0, pp_size - 1)
+    # every stage is cut from the same model (check_same_model): all chunks agree on tying
+    shared = all(getattr(c, "tied_embeddings", True) for c in chunks)
+    ends = tied is not None and shared and pp_size > 1 and rank in (0, pp_size - 1)
     before = tied.grad.detach().clone() if ends and tied.grad is not None else None  # accumulated
     runner = _StageRunner(chunks, rank=rank, pp_size=pp_size, inputs=inputs, targets=targets,
                           loss_fn=loss_fn, act_shape=act_shape, act_dtype=act_dtype,

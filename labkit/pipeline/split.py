@@ -1,7 +1,9 @@
 """Cut the GPT into pipeline stages: contiguous layer ranges, balanced by parameters or a cost.
 
-The embedding goes with the first stage, the final LayerNorm and the (tied) output layer with
-the last. With v chunks per rank the model is cut into v p virtual stages of equal layer count
+The embedding goes with the first stage, the final norm and the output layer with the last;
+with tied embeddings both ends hold the shared weight and sum its gradient (the runtime's
+``tied``), with untied ones (Llama) each holds its own. Rotary positions need no table: every
+block rotates by positions 0..T-1 of the micro-batch it runs. With v chunks per rank the model is cut into v p virtual stages of equal layer count
 (Narayanan et al. 2021b); chunk c of rank r is virtual stage c p + r.
 """
 
@@ -9,13 +11,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..model import check_gpt2_block
 from ..validate import check_float, check_int
-
-
-def _check_block(model) -> None:
-    if getattr(model, "cfg", None) is not None:  # the stages carry wpe and a tied head: GPT-2's block
-        check_gpt2_block(model.cfg, "the pipeline split")
 
 __all__ = ["split_stages", "StageChunk", "build_chunks"]
 
@@ -63,7 +59,6 @@ def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None =
     v = 1: balanced by parameter count (embedding on stage 0, final LayerNorm and output layer on
     the last) or by ``costs``, one number per layer; v > 1: v p equal ranges (needs v p | L).
     """
-    _check_block(model)
     L = len(model.blocks)
     check_int("pp_size", pp_size, 1)
     check_int("v", v, 1)
@@ -79,7 +74,7 @@ def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None =
         _check_costs(costs, L)
         return _partition([float(c) for c in costs], 0.0, 0.0, pp_size)
     per_layer = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
-    first = model.wte.weight.numel() + model.wpe.weight.numel()
+    first = sum(m.weight.numel() for m in (model.wte, model.wpe) if m is not None)  # rotary: no wpe
     last = sum(p.numel() for p in model.ln_f.parameters()) + model.lm_head.weight.numel()
     return _partition([float(c) for c in per_layer], float(first), float(last), pp_size)
 
@@ -89,12 +84,15 @@ class StageChunk(nn.Module):
 
     forward: idx (B, T) int64 (first) or x (B, T, C) -> x (B, T, C), or logits (B, T, V) (last).
     The modules are the model's own (no copies): the chunk's parameters are the model's.
+    ``tied_embeddings``: whether the model's first and last stage share the embedding weight.
     """
 
     def __init__(self, model, start: int, stop: int, first: bool, last: bool):
         super().__init__()
         self.start, self.stop, self.first, self.last = start, stop, first, last
         self._gpt = [model]  # in a list: the parts below, not the whole model, are submodules
+        wte, lm_head = getattr(model, "wte", None), getattr(model, "lm_head", None)
+        self.tied_embeddings = wte is not None and lm_head is not None and lm_head.weight is wte.weight
         self.blocks = nn.ModuleList(model.blocks[start:stop])
         if first:
             self.wte, self.wpe = model.wte, model.wpe
@@ -111,7 +109,6 @@ class StageChunk(nn.Module):
 
 def build_chunks(model, ranges: list[tuple[int, int]], pp_size: int, rank: int) -> list[StageChunk]:
     """The chunks rank ``rank`` holds: virtual stages rank, rank + p, ... of ``ranges``."""
-    _check_block(model)
     check_int("pp_size", pp_size, 1)
     check_int("rank", rank, 0, pp_size - 1)
     n = len(ranges)

@@ -1,13 +1,15 @@
 """Choose t, p, N_d, micro-batch, ZeRO stage and recomputation for a model on a cluster (Chapter 6).
 
 Memory per GPU (bf16 mixed-precision Adam): model states of the largest stage, 16 bytes a
-parameter, or 4 + 12/N_d with ZeRO-1 and 2 + 14/N_d with ZeRO-2 (Rajbhandari et al. 2020); the
+parameter, or 4 + 12/N_d with ZeRO-1 and 2 + 14/N_d with ZeRO-2 (Rajbhandari et al. 2020;
+``labkit.zero.analytic.zero_bytes_per_param``); the
 activations of the micro-batches stage 0 holds, per layer: min(p, m) of its L/p layers under
 1F1B, 2(p - 1) + (v - 1)p + 1 chunks of L/(vp) layers under the interleaved schedule with v
 chunks a rank (a factor 1 + (p - 1)/(pv) over 1F1B, as Korthikanti et al. state), per layer
 (Korthikanti et al. 2022, 2-byte activations): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism,
 sbh/t (34 + 5as/h) with sequence parallelism, without the 5as/h term under selective
-recomputation, 2sbh (or 2sbh/t) under full recomputation plus one layer being recomputed.
+recomputation, 2sbh (or 2sbh/t) under full recomputation plus one layer being recomputed
+(``labkit.memory.analytic.korthikanti_activation_bytes``).
 The embedding's and logits' activations are left out. Step time, a stated model: compute =
 the step's matmul FLOPs / (GPUs x peak x ``efficiency``), stretched by the bubble; plus tensor
 all-reduces (4 a layer per micro-batch, 6 with full recomputation, ring 2(t-1)/t of b s h
@@ -21,14 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..hardware import get_gpu, peak_flops
+from ..memory.analytic import RECOMPUTE, korthikanti_activation_bytes
 from ..model import GPTConfig, training_flops
 from ..pipeline.analytic import bubble_fraction, max_in_flight
 from ..validate import check_choice, check_float, check_int, check_positive
+from ..zero.analytic import zero_bytes_per_param
 
 __all__ = ["Plan", "NoPlanFits", "plan_parallelism", "plan_memory", "RECOMPUTE"]
 
-RECOMPUTE = ("none", "selective", "full")
-_STATE_BYTES = {0: lambda n: 16.0, 1: lambda n: 4 + 12 / n, 2: lambda n: 2 + 14 / n}
+_ZERO_STAGES = (0, 1, 2)  # the stages the planner weighs (ZeRO-3's gathers are not in its time model)
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,15 @@ class NoPlanFits(ValueError):
 def _layer_bytes(cfg: GPTConfig, b: int, t: int, recompute: str, sp: bool) -> tuple[float, float]:
     """(bytes kept per layer per micro-batch, bytes of one layer recomputed in full)."""
     s, h, a = cfg.seq_len, cfg.d_model, cfg.n_head
-    sbh, attn = s * b * h, 5 * a * s / h
-    full_layer = sbh / t * (34 + attn) if sp else sbh * (10 + 24 / t + attn / t)
-    if recompute == "none":
-        return full_layer, 0.0
-    if recompute == "selective":
-        return (34 * sbh / t if sp else sbh * (10 + 24 / t)), 0.0
-    return (2 * sbh / t if sp else 2 * sbh), full_layer
+    kept = korthikanti_activation_bytes(s, b, h, a, t, sp, recompute)
+    return kept, (korthikanti_activation_bytes(s, b, h, a, t, sp) if recompute == "full" else 0.0)
+
+
+def _stage_params(cfg: GPTConfig, t: int, p: int) -> float:
+    """Parameters per GPU of a stage, as the planner approximates them: (L/p)(12h² + 13h)/t plus
+    the embedding and position tables divided by t (``ModelShape.stage_params`` counts them exactly)."""
+    h = cfg.d_model
+    return (cfg.n_layer // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + cfg.seq_len) * h / t
 
 
 def plan_memory(cfg: GPTConfig, t: int, p: int, dp: int, micro_batch: int, num_microbatches: int,
@@ -90,11 +95,11 @@ def plan_memory(cfg: GPTConfig, t: int, p: int, dp: int, micro_batch: int, num_m
                 v: int = 1) -> tuple[float, float]:
     """(model-state bytes, activation bytes) per GPU of the largest pipeline stage; ``v`` > 1:
     the interleaved schedule with v chunks a rank (needs m a multiple of p)."""
-    h, L = cfg.d_model, cfg.n_layer
+    L = cfg.n_layer
     for name, value in (("t", t), ("p", p), ("dp", dp), ("micro_batch", micro_batch),
                         ("num_microbatches", num_microbatches), ("v", v)):
         check_int(name, value, 1)
-    check_choice("zero", zero, tuple(_STATE_BYTES))
+    check_choice("zero", zero, _ZERO_STAGES)
     check_choice("recompute", recompute, RECOMPUTE)
     check_choice("sequence_parallel", sequence_parallel, (False, True))
     if cfg.n_head % t:
@@ -103,8 +108,7 @@ def plan_memory(cfg: GPTConfig, t: int, p: int, dp: int, micro_batch: int, num_m
         raise ValueError(f"p={p} must divide n_layer={L} (stages of equal layer count)")
     if v > 1 and (p == 1 or L % (p * v)):
         raise ValueError(f"v={v} chunks a rank needs pp_size={p} > 1 and v x p to divide n_layer={L}")
-    stage_params = (L // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + cfg.seq_len) * h / t
-    states = stage_params * _STATE_BYTES[zero](dp)
+    states = _stage_params(cfg, t, p) * zero_bytes_per_param(zero, dp, "mixed", "adam")
     kept, extra = _layer_bytes(cfg, micro_batch, t, recompute, sequence_parallel)
     m = num_microbatches
     # stage 0 holds max_in_flight chunks of L / (v p) layers each
@@ -167,7 +171,7 @@ def _check_plan_args(n_gpus, gpus_per_node, global_batch, efficiency, network_gb
     if nvlink_gbps is not None:
         check_positive("nvlink_gbps", nvlink_gbps)
     for name, values, valid in (("micro_batches", micro_batches, None), ("interleave", interleave, None),
-                                ("zero_stages", zero_stages, tuple(_STATE_BYTES)),
+                                ("zero_stages", zero_stages, _ZERO_STAGES),
                                 ("recompute", recompute, RECOMPUTE),
                                 ("sequence_parallel", sequence_parallel, (False, True))):
         if values is None and name == "interleave":
@@ -219,8 +223,7 @@ def _plans_for(cfg, g, n_gpus, gpus_per_node, global_batch, t, p, dp, b, m, v, d
             n_ar = (6 if rc == "full" else 4) * (L // p) * m
             tp_bytes = n_ar * 2 * (t - 1) / t * msg
             pp_bytes = 2 * m * v * msg / (t if sp else 1) if p > 1 else 0.0
-            states_params = (L // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + s) * h / t
-            dp_bytes = 2 * (dp - 1) / dp * states_params * 2
+            dp_bytes = 2 * (dp - 1) / dp * _stage_params(cfg, t, p) * 2
             comm = (tp_bytes / nvlink / 1e9
                     + pp_bytes / (network_gbps if t * p > gpus_per_node else nvlink) / 1e9
                     + dp_bytes / (network_gbps if n_gpus > gpus_per_node else nvlink) / 1e9)

@@ -8,16 +8,15 @@ in the terms of Chapter 1's :func:`labkit.memory.activation_bytes`; exact on the
 
 from __future__ import annotations
 
-from ..memory.analytic import ActivationBytes
+from ..memory.analytic import RECOMPUTE, ActivationBytes, korthikanti_activation_bytes
 from ..memory.analytic import activation_bytes as chapter1_activation_bytes
+from ..shapes import ModelShape
 from ..validate import check_bool, check_choice, check_int
 from .apply import check_tp_size
 from .comm import check_seq_divisible
 
 __all__ = ["RECOMPUTE", "activation_bytes", "model_activation_bytes", "params_per_rank",
            "collectives_per_layer", "collectives_per_step", "layer_flops", "layer_comm_bytes"]
-
-RECOMPUTE = ("none", "selective", "full")
 
 
 def _degree(tp_size, tp) -> int:
@@ -52,11 +51,7 @@ def activation_bytes(s: int, b: int, h: int, a: int, tp_size: int = 1, sequence_
     """
     _sizes(s=s, b=b, h=h, a=a)
     t = _degree(tp_size, tp)
-    r = _check(t, sequence_parallel if sp is None else sp, recompute)
-    if recompute == "full":
-        return 2 * s * b * h / r
-    core = 0 if recompute == "selective" else 5 * a * s / h
-    return s * b * h * (10 / r + (24 + core) / t)
+    return korthikanti_activation_bytes(s, b, h, a, t, sequence_parallel if sp is None else sp, recompute)
 
 
 def params_per_rank(cfg, tp_size: int) -> int:
@@ -64,10 +59,10 @@ def params_per_rank(cfg, tp_size: int) -> int:
 
     Split: the tied embedding, qkv, the projections' and MLP's weights, qkv's and c_fc's biases;
     replicated: positions, LayerNorms and the two row-parallel biases (added after the sum).
+    Counted by :meth:`labkit.shapes.ModelShape.stage_params`, for either block.
     """
     check_tp_size(tp_size, cfg.n_head, cfg.d_model, cfg.vocab_size)
-    V, s, h, L, t = cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layer, tp_size
-    return V * h // t + s * h + L * (12 * h * h // t + 7 * h // t + 6 * h) + 2 * h
+    return ModelShape.from_config(cfg).stage_params(tp_size)
 
 
 def model_activation_bytes(cfg, batch_size: int, tp_size: int = 1, sequence_parallel: bool = False,

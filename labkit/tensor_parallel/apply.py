@@ -2,9 +2,13 @@
 
 Each shard is cut from the full model, so a seeded full model and its sharded versions can be
 compared. Attention is split by heads (c_attn column-parallel by q, k and v, c_proj
-row-parallel), the MLP by its 4h columns, the tied embedding by vocabulary rows; the loss is the
-vocabulary-parallel cross-entropy. With ``sequence_parallel`` the LayerNorm and dropout regions
-run on (B, T/t, C) sequence shards (Korthikanti et al. 2022), and the gradients of the
+row-parallel): a rank keeps n_head/t query heads and the n_kv_head/t key-value heads they read
+(grouped-query attention; t must divide n_kv_head). The MLP is split by its d_ff columns (GELU's
+c_fc, or SwiGLU's gate c_gate and up c_fc, column-parallel; c_proj row-parallel), the embedding
+and the output layer (tied or not) by vocabulary rows; the loss is the vocabulary-parallel
+cross-entropy. Rotary positions rotate the whole sequence's q and k, so they are global under
+sequence parallelism too. With ``sequence_parallel`` the norm (LayerNorm or RMSNorm) and dropout
+regions run on (B, T/t, C) sequence shards (Korthikanti et al. 2022), and the gradients of the
 parameters used there are summed over the group at the end of each backward pass by itself
 (:mod:`.sync`). Called without targets, the model returns whole (B, T, V) logits on every rank.
 """
@@ -19,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..collectives import broadcast_from_rank0, check_same_across_ranks, group_src
+from ..layers import SwiGLU, repeat_kv
 from ..model import check_gpt2_block
 from ..validate import check_bool, check_choice, check_int
 from .comm import GroupRef, check_group, check_seq_divisible, gather_from_tp
@@ -34,42 +39,67 @@ __all__ = ["apply_tensor_parallel", "check_tp_size", "sync_sequence_parallel_gra
 INIT_SYNCS = ("check", "broadcast", None)
 
 
+_HINTS = {"vocab_size": " (pad the vocabulary to a multiple of tp_size)",
+          "n_kv_head": (": each rank keeps whole key-value heads, those its n_head/tp_size query heads read; "
+                        "pick a tp_size that divides n_kv_head (KV heads are not replicated here)")}
+
+
 def check_tp_size(tp_size: int, n_head: int | None = None, d_model: int | None = None,
-                  vocab_size: int | None = None) -> None:
-    """Raise ValueError unless ``tp_size`` divides n_head, d_model and vocab_size (then it also
-    divides the MLP's 4 d_model).
+                  vocab_size: int | None = None, *, n_kv_head: int | None = None, d_ff: int | None = None) -> None:
+    """Raise ValueError unless ``tp_size`` divides n_head, d_model, vocab_size, and where given
+    n_kv_head (grouped-query attention) and d_ff (the MLP's width; GPT-2's 4 d_model by default).
 
     No padding rule: pad the vocabulary to a multiple of t yourself (Megatron pads it to a
     multiple of 128 t with unused rows).
     """
     check_int("tp_size", tp_size, minimum=1)
-    for name, value in (("n_head", n_head), ("d_model", d_model), ("vocab_size", vocab_size)):
+    for name, value in (("n_head", n_head), ("n_kv_head", n_kv_head), ("d_model", d_model), ("d_ff", d_ff),
+                        ("vocab_size", vocab_size)):
         if value is not None and check_int(name, value, minimum=1) % tp_size:
-            hint = " (pad the vocabulary to a multiple of tp_size)" if name == "vocab_size" else ""
-            raise ValueError(f"tp_size={tp_size} must divide {name}={value}{hint}")
+            raise ValueError(f"tp_size={tp_size} must divide {name}={value}{_HINTS.get(name, '')}")
+
+
+def _heads(attn) -> tuple[int, int]:
+    """(n_head, n_kv_head) of a model's attention, read from c_attn's (nh + 2 n_kv) hs rows."""
+    width = attn.c_attn.out_features // attn.head_dim  # nh + 2 n_kv
+    q_per_kv = getattr(attn, "q_per_kv", 1)
+    n_kv = width // (q_per_kv + 2)
+    return q_per_kv * n_kv, n_kv
 
 
 class ParallelSelfAttention(nn.Module):
-    """Causal self-attention over this rank's n_head / t heads: the model's own forward, except
-    that T is read from c_attn's output (under sequence parallelism its input holds T/t)."""
+    """Causal self-attention over this rank's n_head / t query heads and the n_kv_head / t
+    key-value heads they read: the model's own forward, except that T is read from c_attn's
+    output (under sequence parallelism its input holds T/t, and rotary positions are those of
+    the whole sequence, gathered before c_attn)."""
 
     def __init__(self, attn, group, sequence_parallel: bool):
         super().__init__()
-        self.head_dim, self.dropout = attn.head_dim, attn.dropout
-        self.c_attn = ColumnParallelLinear(attn.c_attn, group, chunks=3, sequence_parallel=sequence_parallel,
+        self.head_dim, self.dropout, self.q_per_kv = attn.head_dim, attn.dropout, getattr(attn, "q_per_kv", 1)
+        n_head, n_kv = _heads(attn)
+        blocks = (n_head * self.head_dim, n_kv * self.head_dim, n_kv * self.head_dim)  # q, k, v rows
+        self.c_attn = ColumnParallelLinear(attn.c_attn, group, chunks=blocks, sequence_parallel=sequence_parallel,
                                            name="d_model")
         self.c_proj = RowParallelLinear(attn.c_proj, group, sequence_parallel=sequence_parallel, name="d_model")
-        self.core = attn.core
+        self.rope, self.core = getattr(attn, "rope", None), attn.core
 
-    def forward(self, x, attend=None):
-        """``attend(q, k, v)``, when given, replaces ``core``: a KV cache holding this rank's heads."""
-        qkv = self.c_attn(x)  # (B, T, 3 nh/t hs): the whole sequence, this rank's heads
+    def forward(self, x, attend=None, pos=None):
+        """``attend(q, k, v)``, when given, replaces ``core``: a KV cache holding this rank's heads;
+        ``pos``: the positions rotary embeddings rotate by (default 0..T-1)."""
+        qkv = self.c_attn(x)  # (B, T, (nh + 2 n_kv)/t hs): the whole sequence, this rank's heads
         B, T, _ = qkv.shape
-        q, k, v = qkv.chunk(3, dim=-1)  # 3 x (B, T, nh/t hs)
+        kv_width = qkv.size(-1) // (self.q_per_kv + 2)  # n_kv/t hs
+        q, k, v = qkv.split([self.q_per_kv * kv_width, kv_width, kv_width], dim=-1)
         q = q.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh/t, T, hs)
-        k = k.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh/t, T, hs)
-        v = v.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh/t, T, hs)
-        y = (self.core if attend is None else attend)(q, k, v)  # (B, nh/t, T, hs)
+        k = k.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n_kv/t, T, hs)
+        v = v.view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n_kv/t, T, hs)
+        if self.rope is not None:
+            q, k = self.rope(q, k, pos)  # absolute positions of the whole sequence
+        if attend is None:
+            k, v = repeat_kv(k, self.q_per_kv), repeat_kv(v, self.q_per_kv)  # (B, nh/t, T, hs)
+            y = self.core(q, k, v)  # (B, nh/t, T, hs)
+        else:
+            y = attend(q, k, v)  # (B, nh/t, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, -1)  # (B, T, nh/t hs)
         y = self.c_proj(y)  # (B, T, C), or (B, T/t, C) under sequence parallelism
         if self.training and self.dropout > 0:
@@ -101,6 +131,9 @@ def _mark_sequence_parallel(module: nn.Module) -> None:
 
 
 _PARTS = ("wte", "wpe", "blocks", "lm_head", "ln_f")  # what apply_tensor_parallel transforms
+# the Llama-family fields it shards: all (a sliding window lives in the attention core's mask,
+# which each rank applies to its own heads unchanged)
+_SUPPORTS = ("norm", "mlp", "pos", "n_kv_head", "d_ff", "tie_embeddings", "bias", "sliding_window", "n_positions")
 
 
 def _check_shardable(model: nn.Module, t: int) -> None:
@@ -109,13 +142,15 @@ def _check_shardable(model: nn.Module, t: int) -> None:
         raise TypeError(f"model ({type(model).__name__}) has none of {', '.join(_PARTS)}: expected a labkit GPT "
                         "or a pipeline stage's part of one")
     if getattr(model, "cfg", None) is not None:
-        check_gpt2_block(model.cfg, "apply_tensor_parallel")
+        check_gpt2_block(model.cfg, "apply_tensor_parallel", supports=_SUPPORTS)
     if getattr(model, "tp_size", None) is not None:
         raise ValueError(f"model is already tensor-parallel over tp_size={model.tp_size}; the group has "
                          f"size {t}: apply_tensor_parallel to the full model")
     for block in getattr(model, "blocks", []):
         attn = block.attn
-        check_tp_size(t, n_head=attn.c_attn.out_features // 3 // attn.head_dim, d_model=attn.c_proj.out_features)
+        n_head, n_kv = _heads(attn)
+        check_tp_size(t, n_head=n_head, d_model=attn.c_proj.out_features, n_kv_head=n_kv,
+                      d_ff=block.mlp.c_proj.in_features)
         if attn.dropout > 0:
             raise ValueError(f"dropout={attn.dropout} must be 0 under tensor parallelism here: ranks would draw "
                              "different masks on replicated activations (Megatron keeps an RNG tracker for it)")
@@ -160,6 +195,13 @@ def _tp_forward(self, idx, targets=None, kv_cache=None):
     return out if targets is not None else gather_from_tp(out, group)  # (B, T, V/t) -> (B, T, V)
 
 
+def _shard_mlp(mlp: nn.Module, group, sp: bool) -> None:
+    """GELU's c_fc, or SwiGLU's gate and up, column-parallel; c_proj row-parallel (d_ff split)."""
+    for name in ("c_gate", "c_fc") if isinstance(mlp, SwiGLU) else ("c_fc",):
+        setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), group, sequence_parallel=sp, name="d_ff"))
+    mlp.c_proj = RowParallelLinear(mlp.c_proj, group, sequence_parallel=sp, name="d_ff")
+
+
 def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = False, *,
                           init_sync: str | None = "check") -> nn.Module:
     """Shard ``model`` in place over ``group`` (``None``: the default group) and return it.
@@ -177,8 +219,7 @@ def apply_tensor_parallel(model: nn.Module, group, sequence_parallel: bool = Fal
     lm_head, ln_f = getattr(model, "lm_head", None), getattr(model, "ln_f", None)
     for block in getattr(model, "blocks", []):
         block.attn = ParallelSelfAttention(block.attn, group, sp)
-        block.mlp.c_fc = ColumnParallelLinear(block.mlp.c_fc, group, sequence_parallel=sp, name="4 * d_model")
-        block.mlp.c_proj = RowParallelLinear(block.mlp.c_proj, group, sequence_parallel=sp, name="4 * d_model")
+        _shard_mlp(block.mlp, group, sp)
         if sp:
             _mark_sequence_parallel(block.ln_1)
             _mark_sequence_parallel(block.ln_2)

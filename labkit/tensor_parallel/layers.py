@@ -26,18 +26,28 @@ __all__ = ["shard_indices", "ColumnParallelLinear", "RowParallelLinear", "VocabP
            "vocab_parallel_cross_entropy", "VocabParallelLoss"]
 
 
-def shard_indices(n: int, rank: int, tp_size: int, chunks: int = 1, name: str = "n") -> torch.Tensor:
-    """Indices of rank's part of ``n`` rows laid out as ``chunks`` equal blocks (qkv: chunks=3).
+def shard_indices(n: int, rank: int, tp_size: int, chunks: int | tuple[int, ...] = 1,
+                  name: str = "n") -> torch.Tensor:
+    """Indices of rank's part of ``n`` rows laid out as ``chunks`` blocks: an int, that many equal
+    blocks (qkv of multi-head attention: 3), or a tuple of the blocks' sizes (grouped-query
+    attention: n_head hs, n_kv_head hs, n_kv_head hs).
 
     Rank r takes the r-th 1/t of every block: for c_attn, its heads' rows of q, of k and of v.
     """
     check_int(name, n, minimum=1)
     check_int("tp_size", tp_size, minimum=1)
     check_int("rank", rank, minimum=0, maximum=tp_size - 1)  # -1 would take the last rank's rows
-    check_int("chunks", chunks, minimum=1)
-    if n % (chunks * tp_size):
-        raise ValueError(f"tp_size={tp_size} must divide {name}={n // chunks}")
-    return torch.arange(n).view(chunks, tp_size, n // (chunks * tp_size))[:, rank].reshape(-1)
+    if isinstance(chunks, tuple):
+        sizes = [check_int(f"chunks[{i}]", c, minimum=1) for i, c in enumerate(chunks)]
+        if sum(sizes) != n or any(c % tp_size for c in sizes):
+            raise ValueError(f"chunks={chunks} must sum to {name}={n} and each be divisible by tp_size={tp_size}")
+    else:
+        check_int("chunks", chunks, minimum=1)
+        if n % (chunks * tp_size):
+            raise ValueError(f"tp_size={tp_size} must divide {name}={n // chunks}")
+        sizes = [n // chunks] * chunks
+    starts = torch.tensor([0] + sizes[:-1]).cumsum(0).tolist()
+    return torch.cat([start + rank * (c // tp_size) + torch.arange(c // tp_size) for start, c in zip(starts, sizes)])
 
 
 def _check_module(name: str, module, kind) -> None:
@@ -86,11 +96,12 @@ class _GatherLinear(torch.autograd.Function):
 class ColumnParallelLinear(_GroupHolder):
     """This rank's ``out_features / t`` outputs of ``linear``: (B, T, C) -> (B, T, out/t).
 
-    ``chunks``: the output is that many equal blocks, each split on its own (qkv: 3). Forward
+    ``chunks``: the output is that many equal blocks, or blocks of these sizes, each split on its
+    own (qkv: 3, or the q, k, v widths under grouped-query attention). Forward
     runs f first (or, with ``sequence_parallel``, gathers a (B, T/t, C) input).
     """
 
-    def __init__(self, linear: nn.Linear, group, *, chunks: int = 1, sequence_parallel: bool = False,
+    def __init__(self, linear: nn.Linear, group, *, chunks: int | tuple[int, ...] = 1, sequence_parallel: bool = False,
                  name: str = "out_features"):
         super().__init__()
         _check_module("linear", linear, nn.Linear)
