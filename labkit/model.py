@@ -23,7 +23,7 @@ from .shapes import ModelShape, ShapeProperties
 from .data import check_ids, check_targets
 from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_causal_mask, make_norm
 from .layers import repeat_kv
-from .validate import ArgumentError, check_bool, check_float, check_int
+from .validate import ArgumentError, check_float
 
 __all__ = ["GPTConfig", "GPT", "AttentionCore", "KVCacheProtocol", "PRESETS", "get_preset", "count_params",
            "build_model", "training_flops", "check_gpt2_block", "Block", "CausalSelfAttention", "MLP", "repeat_kv"]
@@ -254,10 +254,4 @@ def training_flops(cfg: GPTConfig, global_batch: int, recompute: bool = False) -
     k and v, SwiGLU's three d_ff matrices); a sliding window's skipped scores are still counted.
     """
     _check_config(cfg)
-    check_int("global_batch", global_batch, 1)
-    check_bool("recompute", recompute)
-    B, s, h, L, V = global_batch, cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.vocab_size
-    weights = (2 * h + 2 * cfg.kv_heads * cfg.head_dim) * h  # W_q, W_o; W_k, W_v
-    weights += (3 if cfg.mlp == "swiglu" else 2) * h * cfg.ffn_dim  # 8 h² for GPT-2's MLP
-    layer_forward = 2 * B * s * weights + 4 * B * s * s * h
-    return (4 if recompute else 3) * L * layer_forward + 6 * B * s * h * V
+    return cfg.step_flops(global_batch, recompute)  # the formula, torch-free, in labkit.shapes

@@ -34,6 +34,17 @@ class ShapeProperties:
         """The MLP's inner width: ``d_ff``, or 4 h for GPT-2's block."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
+    def step_flops(self, global_batch: int, recompute: bool = False) -> int:
+        """Matmul FLOPs of one training step on ``global_batch`` sequences of seq_len (Narayanan et
+        al. 2021b, Appendix; ``labkit.model.training_flops`` documents the count and its checks)."""
+        check_int("global_batch", global_batch, 1)
+        check_bool("recompute", recompute)
+        B, s, h, L, V = global_batch, self.seq_len, self.d_model, self.n_layer, self.vocab_size
+        weights = (2 * h + 2 * self.kv_heads * self.head_dim) * h  # W_q, W_o; W_k, W_v
+        weights += (3 if self.mlp == "swiglu" else 2) * h * self.ffn_dim  # 8 h² for GPT-2's MLP
+        layer_forward = 2 * B * s * weights + 4 * B * s * s * h
+        return (4 if recompute else 3) * L * layer_forward + 6 * B * s * h * V
+
 
 @dataclass(frozen=True)
 class ModelShape(ShapeProperties):

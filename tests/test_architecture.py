@@ -24,7 +24,7 @@ LABKIT = ROOT / "labkit"
 TECHNIQUES = ("zero", "checkpoint", "accumulate", "tensor_parallel", "pipeline", "flash_attention",
               "paged_attention")
 # The only modules whose job is to compose techniques: what a lab's ranks run, 3D parallelism.
-COMPOSING = ("runs", "estimate")  # estimate composes the techniques' formulas, never their mechanisms
+COMPOSING = ("runs", "estimate", "plan")  # estimate and plan compose the techniques' formulas, never their mechanisms
 MAX_LINES = 300
 
 
@@ -135,7 +135,7 @@ def _used_outside_tests() -> set[str]:
         code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
         sources += ["\n".join(line for line in c.splitlines() if not re.match(r"\s*(%|!)[A-Za-z]", line))
                     for c in code]  # IPython's %pip and !shell lines are not Python
-    todo = set()
+    todo = {m for m in mods if m.endswith(".__main__")}  # run by `python -m`, an entry point like a script
     for src in sources:
         todo |= _imports(src, "__main__", False, mods)
     graph, seen = _graph(), set()

@@ -508,6 +508,72 @@ def sampling_blocks(prompt_len, generated, n, block_size):
     shared = prompt_len // block_size
     return shared + n * (total - shared), n * total
 '''),
+    ("09_planning", "q1", "the fp32 master weights forgotten (8 bytes of optimizer state, not 12)", '''
+def min_dp_size(n_params, gpu_bytes, zero_stage, activation_bytes=0):
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage!r} must be 0, 1, 2 or 3")
+    fixed, sharded = {0: (12, 0), 1: (4, 8), 2: (2, 10), 3: (0, 12)}[zero_stage]
+    room = gpu_bytes - activation_bytes - fixed * n_params
+    if sharded == 0:
+        return 1 if room >= 0 else None
+    most = room // sharded
+    if most < 1:
+        return None
+    return -(-n_params // most)
+'''),
+    ("09_planning", "q1", "the shard taken as n_params / N_d, without the padding", '''
+def min_dp_size(n_params, gpu_bytes, zero_stage, activation_bytes=0):
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage!r} must be 0, 1, 2 or 3")
+    fixed, sharded = {0: (16, 0), 1: (4, 12), 2: (2, 14), 3: (0, 16)}[zero_stage]
+    room = gpu_bytes - activation_bytes - fixed * n_params
+    if sharded == 0:
+        return 1 if room >= 0 else None
+    if room <= 0:
+        return None
+    return -(-sharded * n_params // room)
+'''),
+    ("09_planning", "q2", "the fp32 master weights forgotten", '''
+def cheapest_zero_stage(n_params, dp_size, gpu_bytes, activation_bytes):
+    shard = -(-n_params // dp_size)
+    for stage in (0, 1, 2, 3):
+        weights = 2 * (shard if stage >= 3 else n_params)
+        grads = 2 * (shard if stage >= 2 else n_params)
+        optimizer = 8 * (shard if stage >= 1 else n_params)
+        if weights + grads + optimizer + activation_bytes <= gpu_bytes:
+            return stage, (3 if stage == 3 else 2) * n_params
+    return None
+'''),
+    ("09_planning", "q2", "the stage with the least memory, whatever it sends", '''
+def cheapest_zero_stage(n_params, dp_size, gpu_bytes, activation_bytes):
+    shard = -(-n_params // dp_size)
+    if 16 * shard + activation_bytes <= gpu_bytes:
+        return 3, 3 * n_params
+    return None
+'''),
+    ("09_planning", "q3", "K and V's factor 2 forgotten", '''
+def max_concurrency(n_layer, d_model, n_head, n_kv_heads, n_params, gpu_bytes, context_len, *,
+                    block_size=16, weight_bytes=2, kv_bytes=2, utilization=0.9, overhead_bytes=0):
+    head_dim = d_model // n_head
+    block = block_size * n_layer * n_kv_heads * head_dim * kv_bytes
+    free = int(utilization * gpu_bytes) - weight_bytes * n_params - overhead_bytes
+    return (max(free, 0) // block) // -(-context_len // block_size)
+'''),
+    ("09_planning", "q3", "grouped-query attention forgotten (n_head key-value heads)", '''
+def max_concurrency(n_layer, d_model, n_head, n_kv_heads, n_params, gpu_bytes, context_len, *,
+                    block_size=16, weight_bytes=2, kv_bytes=2, utilization=0.9, overhead_bytes=0):
+    head_dim = d_model // n_head
+    block = block_size * 2 * n_layer * n_head * head_dim * kv_bytes
+    free = int(utilization * gpu_bytes) - weight_bytes * n_params - overhead_bytes
+    return (max(free, 0) // block) // -(-context_len // block_size)
+'''),
+    ("09_planning", "q3", "the tokens' bytes pooled, without whole blocks per request", '''
+def max_concurrency(n_layer, d_model, n_head, n_kv_heads, n_params, gpu_bytes, context_len, *,
+                    block_size=16, weight_bytes=2, kv_bytes=2, utilization=0.9, overhead_bytes=0):
+    token = 2 * n_layer * n_kv_heads * (d_model // n_head) * kv_bytes
+    free = int(utilization * gpu_bytes) - weight_bytes * n_params - overhead_bytes
+    return max(free, 0) // (token * context_len)
+'''),
 ]
 
 

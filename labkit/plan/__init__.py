@@ -1,0 +1,16 @@
+"""Plan a run from the estimator (Chapter 9): which t, p, v, N_d, ZeRO stage, recomputation,
+micro-batch and accumulation fit a model on a cluster, and how many requests a GPU serves.
+
+``plan_training`` sweeps the configurations of a training run, sizes each with
+``labkit.estimate.training_memory`` and ranks those that fit by the step-time model of
+``steptime``; ``plan_serving`` sizes the KV cache for each tensor-parallel degree with
+``labkit.estimate.serving_memory``. Imports no torch: the same code runs in a browser page.
+``python -m labkit.plan`` is the command line (``cli``).
+"""
+
+from .planner import RECOMPUTE, TERMS, Overflow, TrainingPlan, TrainingPlans, plan_training
+from .serving import ServingPlan, ServingPlans, plan_serving
+from .steptime import StepTime, step_flops, step_time
+
+__all__ = ["plan_training", "TrainingPlan", "TrainingPlans", "Overflow", "RECOMPUTE", "TERMS",
+           "plan_serving", "ServingPlan", "ServingPlans", "StepTime", "step_time", "step_flops"]

@@ -1,0 +1,146 @@
+"""``python -m labkit.plan``: plan a training run or a server from the command line.
+
+Exit status: 0 when plans are found, 1 when nothing fits (the reason on stderr, or in the JSON),
+2 for bad usage (the argument named, with what would be valid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..hardware import GPUS
+from ..shapes import PRESETS, ModelShape
+from .planner import RECOMPUTE, plan_training
+from .serving import plan_serving
+
+__all__ = ["main", "build_parser"]
+
+EXAMPLES = """examples:
+  python -m labkit.plan train --model llama-3-70b --gpu h100-sxm --num-gpus 64 --seq-len 8192 --global-batch 512
+  python -m labkit.plan train --model llama-2-7b --gpu a100-80gb --num-gpus 1 --seq-len 4096 --global-batch 8 --top 3
+  python -m labkit.plan serve --model llama-3-8b --gpu a100-80gb --context-len 4096
+  python -m labkit.plan serve --config path/to/config.json --gpu h100-sxm --num-gpus 8 --context-len 8192 --json
+  python -m labkit.plan --list-models
+  python -m labkit.plan --list-gpus
+
+exit status: 0 plans found, 1 nothing fits (with the reason), 2 bad usage"""
+
+
+def _ints(text: str) -> tuple:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help=f"a preset: {', '.join(PRESETS)}")
+    p.add_argument("--config", help="a Hugging Face config.json, read offline (in place of --model)")
+    p.add_argument("--gpu", help=f"a GPU of labkit.hardware: {', '.join(GPUS)}")
+    p.add_argument("--top", type=int, default=10, help="plans shown (default 10)")
+    p.add_argument("--json", action="store_true", help='print {"plans": [...]} for scripts')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m labkit.plan", epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="Plan a training run or a server from labkit's estimator.")
+    parser.add_argument("--list-models", action="store_true", help="list the model presets")
+    parser.add_argument("--list-gpus", action="store_true", help="list the GPUs")
+    sub = parser.add_subparsers(dest="command")
+    train = sub.add_parser("train", help="plan a training run", epilog=EXAMPLES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(train)
+    train.add_argument("--num-gpus", type=int, help="GPUs in the run")
+    train.add_argument("--gpus-per-node", type=int, default=8)
+    train.add_argument("--seq-len", type=int, help="tokens a sequence (default: the model's)")
+    train.add_argument("--global-batch", type=int, help="sequences a step")
+    train.add_argument("--micro-batches", type=_ints, default=(1, 2, 4, 8), help="b to try, e.g. 1,2,4")
+    train.add_argument("--zero-stages", type=_ints, default=(0, 1, 2, 3), help="e.g. 0,1")
+    train.add_argument("--recompute", default=",".join(RECOMPUTE), help="e.g. none,full")
+    train.add_argument("--precision", default="bf16-mixed", help="bf16-mixed (default), fp16-mixed, bf16, fp32, ...")
+    train.add_argument("--offload", action="store_true", help="weigh ZeRO-Offload too (states on the CPU)")
+    train.add_argument("--efficiency", type=float, default=0.5, help="share of the dense peak compute reaches")
+    train.add_argument("--network-gbps", type=float, default=25.0, help="GB/s per GPU between nodes")
+    train.add_argument("--memory-fraction", type=float, default=0.9, help="share of the GPU's memory a plan may use")
+    serve = sub.add_parser("serve", help="plan a server", epilog=EXAMPLES,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(serve)
+    serve.add_argument("--num-gpus", type=int, default=1)
+    serve.add_argument("--context-len", type=int, help="tokens of one request, prompt and output")
+    serve.add_argument("--weight-bytes", type=int, default=2)
+    serve.add_argument("--kv-bytes", type=int, default=2)
+    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    return parser
+
+
+def _shape(args, fail) -> ModelShape:
+    if (args.model is None) == (args.config is None):
+        fail("give one of --model (a preset) or --config (a config.json)")
+    if args.model is not None:
+        if args.model not in PRESETS:
+            fail(f"--model {args.model!r} is unknown; valid presets: {', '.join(PRESETS)}")
+        return PRESETS[args.model]
+    try:
+        with open(args.config) as f:
+            return ModelShape.from_hf_config(json.load(f))
+    except (OSError, json.JSONDecodeError, ValueError, TypeError) as e:
+        fail(f"--config {args.config!r}: {e}")
+
+
+def _required(args, fail, names) -> None:
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
+    if missing:
+        fail(f"the following arguments are required: {', '.join(missing)}")
+    if args.gpu is None:
+        fail(f"--gpu is required; valid: {', '.join(GPUS)}")
+    if args.top < 1:
+        fail(f"--top {args.top} must be at least 1")
+
+
+def _train(args, fail):
+    _required(args, fail, ("num_gpus", "global_batch"))
+    shape = _shape(args, fail)
+    return plan_training(shape, gpu=args.gpu, num_gpus=args.num_gpus, gpus_per_node=args.gpus_per_node,
+                         seq_len=args.seq_len or shape.seq_len, global_batch=args.global_batch,
+                         micro_batches=args.micro_batches, zero_stages=args.zero_stages,
+                         recompute=tuple(args.recompute.split(",")), efficiency=args.efficiency,
+                         precision=args.precision, offload=(False, True) if args.offload else (False,),
+                         network_gbps=args.network_gbps, memory_fraction=args.memory_fraction)
+
+
+def _serve(args, fail):
+    _required(args, fail, ("context_len",))
+    return plan_serving(_shape(args, fail), gpu=args.gpu, num_gpus=args.num_gpus, context_len=args.context_len,
+                        weight_bytes=args.weight_bytes, kv_bytes=args.kv_bytes, block_size=args.block_size,
+                        gpu_memory_utilization=args.gpu_memory_utilization)
+
+
+def main(argv=None) -> int:
+    from .table import listing, serving_table, training_table
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list_models or args.list_gpus:
+        print(listing(args.list_models, args.list_gpus))
+        return 0
+    if args.command is None:
+        parser.error("choose a command: train or serve (or --list-models, --list-gpus)")
+    fail = parser._subparsers._group_actions[0].choices[args.command].error
+    try:
+        result = (_train if args.command == "train" else _serve)(args, fail)
+    except ValueError as e:  # the library's checks name the argument
+        fail(str(e))
+    shown = result.plans[:args.top]
+    if args.json:
+        print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in shown],
+                          **({} if result.plans else {"reason": result.reason()})}, indent=1))
+    elif shown:
+        print((training_table if args.command == "train" else serving_table)(result, args.top))
+    if not result.plans:
+        print(f"nothing fits: {result.reason()}", file=sys.stderr)
+        return 1
+    return 0

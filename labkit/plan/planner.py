@@ -1,0 +1,199 @@
+"""Plan a training run: every (t, p, v, N_d, ZeRO, recomputation, b, m) that fits, fastest first.
+
+Memory per GPU is ``labkit.estimate.training_memory`` (the most loaded rank); a plan fits when
+its total is at most ``memory_fraction`` of the GPU's memory (nvidia-smi's total). Step time and
+MFU are :mod:`labkit.plan.steptime`'s model. A *layout* (t, p, N_d) where no configuration fits
+is reported with the term that overflowed in its leanest configuration: adding the terms in the
+order params, grads, optimizer, activations, transient, the first that passes the limit, with
+the total so far ("activations: 91.2 GB of 77.3 GB").
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+from ..hardware import get_gpu, peak_flops
+from ..validate import check_bool, check_choice, check_float, check_int, check_positive
+from .sweep import Dims, flops_of, layouts, pipeline_bubble, pipeline_choices, training_memory
+from .steptime import StepTime, step_flops, step_time
+
+__all__ = ["TrainingPlan", "TrainingPlans", "Overflow", "plan_training", "RECOMPUTE", "TERMS"]
+
+RECOMPUTE = ("none", "selective", "full")
+TERMS = ("params", "grads", "optimizer", "activations", "transient")
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """One configuration: degrees, knobs, the per-GPU memory (a ``MemoryEstimate``), the step."""
+
+    tp_size: int
+    pp_size: int
+    v: int
+    dp_size: int
+    cp_size: int
+    zero_stage: int
+    recompute: str
+    sequence_parallel: bool
+    offload: bool
+    micro_batch: int
+    num_microbatches: int
+    schedule: str
+    memory: object
+    step: StepTime
+    limit_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.limit_bytes
+
+    @property
+    def step_time_s(self) -> float:
+        return self.step.total_s
+
+    @property
+    def mfu(self) -> float:
+        return self.step.mfu
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("memory", "step")}
+        return {**d, "memory": self.memory.to_dict(), "step": self.step.to_dict(),
+                "step_time_s": self.step_time_s, "mfu": self.mfu}
+
+
+class Overflow(NamedTuple):
+    """A layout where nothing fits: its leanest configuration, and the term that overflowed."""
+
+    tp_size: int
+    pp_size: int
+    dp_size: int
+    cp_size: int
+    term: str
+    bytes_so_far: int
+    limit_bytes: int
+    leanest: TrainingPlan
+
+    @property
+    def message(self) -> str:
+        return f"{self.term}: {self.bytes_so_far / 1e9:.1f} GB of {self.limit_bytes / 1e9:.1f} GB"
+
+    def to_dict(self) -> dict:
+        return {"tp_size": self.tp_size, "pp_size": self.pp_size, "dp_size": self.dp_size,
+                "cp_size": self.cp_size, "term": self.term, "bytes_so_far": self.bytes_so_far,
+                "limit_bytes": self.limit_bytes, "message": self.message, "leanest": self.leanest.to_dict()}
+
+
+class TrainingPlans(NamedTuple):
+    """What :func:`plan_training` found: ``plans`` that fit, best first; ``overflows``, one per
+    layout where none does; ``considered``: how many configurations the sweep sized."""
+
+    plans: list
+    overflows: list
+    considered: int
+
+    def to_dict(self) -> dict:
+        return {"plans": [p.to_dict() for p in self.plans],
+                "overflows": [o.to_dict() for o in self.overflows], "considered": self.considered}
+
+    def reason(self) -> str:
+        """Why nothing fits: each layout's overflow, the closest first."""
+        if not self.overflows:
+            return "no (t, p, N_d, b) splits the GPUs and the global batch"
+        worst = sorted(self.overflows, key=lambda o: o.leanest.memory.total)
+        return "; ".join(f"t={o.tp_size} p={o.pp_size} N_d={o.dp_size}: {o.message}" for o in worst)
+
+
+def overflow_term(memory, limit: int) -> tuple[str, int]:
+    """(the first term whose running total passes ``limit``, that total); ('', total) if none."""
+    total = 0
+    for term in TERMS:
+        total += getattr(memory, term)
+        if total > limit:
+            return term, total
+    return "", total
+
+
+def _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_gbps, memory_fraction,
+           micro_batches, zero_stages, recompute, sequence_parallel, interleave, offload):
+    for name, value in (("num_gpus", num_gpus), ("gpus_per_node", gpus_per_node), ("seq_len", seq_len),
+                        ("global_batch", global_batch)):
+        check_int(name, value, 1)
+    check_float("efficiency", efficiency, maximum=1.0, above=0.0)
+    check_float("memory_fraction", memory_fraction, maximum=1.0, above=0.0)
+    check_positive("network_gbps", network_gbps)
+    for name, values, valid in (("micro_batches", micro_batches, None), ("interleave", interleave, None),
+                                ("zero_stages", zero_stages, (0, 1, 2, 3)), ("recompute", recompute, RECOMPUTE),
+                                ("sequence_parallel", sequence_parallel, None), ("offload", offload, None)):
+        if not tuple(values):
+            raise ValueError(f"{name}=() must hold at least one choice")
+        for x in values:
+            if name in ("sequence_parallel", "offload"):
+                check_bool(name, x)
+            elif valid is None:
+                check_int(name, x, 1)
+            else:
+                check_choice(name, x, valid)
+
+
+def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len: int, global_batch: int,
+                  micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3), recompute=RECOMPUTE,
+                  sequence_parallel=(False, True), interleave=(1, 2, 4), offload=(False,),
+                  dtype: str | None = None,
+                  precision: str = "bf16-mixed", optimizer: str = "adamw", efficiency: float = 0.5,
+                  network_gbps: float = 25.0, memory_fraction: float = 0.9) -> TrainingPlans:
+    """Every configuration of ``shape`` on ``num_gpus`` x ``gpu`` that fits, fastest first.
+
+    t divides n_head, n_kv_head and gpus_per_node; p divides n_layer; t p N_d = num_gpus; N_d b
+    divides ``global_batch`` (m = global_batch / (N_d b) micro-batches a pipeline); v > 1 needs
+    p > 1, v p dividing n_layer and p dividing m; ``offload``: (False,), or (False, True) to weigh
+    ZeRO-Offload too. ``network_gbps``: GB/s per GPU between nodes,
+    one direction (25: a 200 Gb/s port per GPU). ``dtype``: the peak MFU is taken against (bf16, or
+    fp16 on a GPU without bf16). The step-time model: :mod:`labkit.plan.steptime`.
+    """
+    g = get_gpu(gpu)
+    _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_gbps, memory_fraction,
+           micro_batches, zero_stages, recompute, sequence_parallel, interleave, offload)
+    shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
+    ctx = dict(shape=shape, gpu=g, num_gpus=num_gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
+               peak=peak_flops(g, dtype or ("bf16" if "bf16" in g.peak else "fp16")), efficiency=efficiency, nvlink_gbps=g.link_gbps / 2,
+               network_gbps=network_gbps, limit=int(memory_fraction * g.memory_bytes),
+               precision=precision, optimizer=optimizer,
+               flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
+    plans, overflows, considered = [], [], 0
+    for t, p, dp in layouts(shape, num_gpus, gpus_per_node):
+        found = _layout_plans(ctx, t, p, dp, micro_batches, interleave, zero_stages, recompute,
+                              sequence_parallel, offload)
+        considered += len(found)
+        fitting = [pl for pl in found if pl.fits]
+        plans += fitting
+        if found and not fitting:
+            leanest = min(found, key=lambda pl: pl.memory.total)
+            term, so_far = overflow_term(leanest.memory, ctx["limit"])
+            overflows.append(Overflow(t, p, dp, 1, term, so_far, ctx["limit"], leanest))
+    plans.sort(key=lambda pl: (pl.step_time_s, pl.memory.total))
+    return TrainingPlans(plans, overflows, considered)
+
+
+def _layout_plans(ctx, t, p, dp, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload):
+    """Every configuration of one layout (t, p, N_d)."""
+    shape, out = ctx["shape"], []
+    rank_params = shape.num_params() // (t * p)
+    for b, m, v, schedule in pipeline_choices(shape, p, dp, ctx["global_batch"], micro_batches, interleave):
+        bubble = pipeline_bubble(p, m, schedule, v)
+        for rc in recompute:
+            for sp in (x for x in sequence_parallel if not (x and t == 1)):
+                for z, off in ((z, off) for z in zero_stages for off in offload if z == 0 or dp > 1):
+                    mem = training_memory(shape, seq_len=shape.seq_len, micro_batch=b, dims=Dims(dp, t, p, 1),
+                                          zero_stage=z, recompute=rc, sequence_parallel=sp, num_microbatches=m,
+                                          schedule=schedule, v=v, precision=ctx["precision"],
+                                          optimizer=ctx["optimizer"], offload=off)
+                    step = step_time(*ctx["flops"][rc], shape=shape, num_gpus=ctx["num_gpus"],
+                                     gpus_per_node=ctx["gpus_per_node"], tp_size=t, pp_size=p, dp_size=dp,
+                                     micro_batch=b, num_microbatches=m, v=v, bubble=bubble, recompute=rc,
+                                     sequence_parallel=sp, zero_stage=z, rank_params=rank_params,
+                                     peak=ctx["peak"], efficiency=ctx["efficiency"], offload=off,
+                                     nvlink_gbps=ctx["nvlink_gbps"], network_gbps=ctx["network_gbps"])
+                    out.append(TrainingPlan(t, p, v, dp, 1, z, rc, sp, off, b, m, schedule, mem, step,
+                                            ctx["limit"]))
+    return out

@@ -1,0 +1,86 @@
+"""Plan serving: for each tensor-parallel degree, the KV blocks a GPU holds, the requests of a
+context length that fit at once, and what bounds them.
+
+Per GPU, ``labkit.estimate.serving_memory`` (vLLM's rule: the memory it may use, less the
+weights' shard, less a forward's peak and what is not PyTorch's, in blocks of ``block_size``
+tokens). num_gpus / t replicas serve side by side; a replica's concurrency is its blocks over
+the blocks one request of ``context_len`` tokens needs, capped at ``max_num_seqs`` (vLLM's
+default: 256). Bound: "weights" (no block left), "kv_cache" or "max_num_seqs".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..estimate import serving_memory
+from ..hardware import get_gpu
+from ..validate import check_float, check_int
+from .sweep import _divisors
+
+__all__ = ["ServingPlan", "ServingPlans", "plan_serving"]
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """One tensor-parallel degree: per-GPU blocks and tokens, per-replica and total concurrency."""
+
+    tp_size: int
+    replicas: int
+    num_blocks: int
+    max_tokens: int
+    max_concurrency: int
+    total_concurrency: int
+    bound: str
+    estimate: object
+
+    def to_dict(self) -> dict:
+        return {"tp_size": self.tp_size, "replicas": self.replicas, "num_blocks": self.num_blocks,
+                "max_tokens": self.max_tokens, "max_concurrency": self.max_concurrency,
+                "total_concurrency": self.total_concurrency, "bound": self.bound,
+                "estimate": self.estimate.to_dict()}
+
+
+class ServingPlans(NamedTuple):
+    """``plans``: degrees that hold at least one request, most requests first; ``refused``: the
+    others (bound "weights", or too few blocks for one request)."""
+
+    plans: list
+    refused: list
+    context_len: int
+
+    def to_dict(self) -> dict:
+        return {"plans": [p.to_dict() for p in self.plans], "refused": [p.to_dict() for p in self.refused],
+                "context_len": self.context_len}
+
+    def reason(self) -> str:
+        return "; ".join(f"t={p.tp_size}: " + ("the weights leave no room for a KV block" if p.bound == "weights"
+                                               else f"{p.num_blocks} blocks, fewer than one request needs")
+                         for p in self.refused)
+
+
+def plan_serving(shape, *, gpu, num_gpus: int = 1, context_len: int, weight_bytes: int = 2,
+                 kv_bytes: int = 2, block_size: int = 16, gpu_memory_utilization: float = 0.9,
+                 max_num_seqs: int = 256) -> ServingPlans:
+    """Each t dividing num_gpus, n_head and n_kv_head: blocks, tokens and concurrency of requests of
+    ``context_len`` tokens (at most the model's ``seq_len``)."""
+    g = get_gpu(gpu)
+    for name, value in (("num_gpus", num_gpus), ("context_len", context_len), ("block_size", block_size),
+                        ("max_num_seqs", max_num_seqs)):
+        check_int(name, value, 1)
+    check_float("gpu_memory_utilization", gpu_memory_utilization, maximum=1.0, above=0.0)
+    if context_len > shape.seq_len:
+        raise ValueError(f"context_len={context_len} must be at most the model's seq_len={shape.seq_len}")
+    plans, refused = [], []
+    for t in _divisors(num_gpus):
+        if shape.n_head % t or shape.kv_heads % t:
+            continue
+        est = serving_memory(shape, gpu=g, tp_size=t, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
+                             block_size=block_size, gpu_memory_utilization=gpu_memory_utilization)
+        per = est.max_concurrency(context_len) if est.num_blocks else 0
+        bound = "weights" if est.num_blocks == 0 else ("max_num_seqs" if per > max_num_seqs else "kv_cache")
+        per = min(per, max_num_seqs)
+        plan = ServingPlan(t, num_gpus // t, est.num_blocks, est.max_tokens, per, per * (num_gpus // t), bound, est)
+        (plans if per else refused).append(plan)
+    plans.sort(key=lambda p: (-p.total_concurrency, p.tp_size))
+    return ServingPlans(plans, refused, context_len)

@@ -1,0 +1,117 @@
+"""labkit.plan: the plans come from the estimator, fit, rank by the stated step-time model, and
+name what overflowed; Narayanan et al.'s Table 1 configurations fit where the paper ran them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from labkit.estimate import serving_memory, training_memory
+from labkit.hardware import get_gpu
+from labkit.plan import TERMS, plan_serving, plan_training
+from labkit.plan.sweep import Dims
+from labkit.shapes import PRESETS, ModelShape
+
+
+def _gpt(L, a, h, s=2048, V=51200):
+    return ModelShape(n_layer=L, d_model=h, n_head=a, vocab_size=V, seq_len=s)
+
+
+# Narayanan et al. (2021), Table 1: (L, a, h), t, p, GPUs, global batch; A100 80 GB, s = 2048,
+# V = 51200, full recomputation.
+NARAYANAN = {
+    "7.5B": ((36, 32, 4096), 4, 1, 128, 512),
+    "18.4B": ((40, 48, 6144), 8, 1, 256, 1024),
+    "39.1B": ((48, 64, 8192), 8, 2, 512, 1536),
+    "76.1B": ((60, 80, 10240), 8, 4, 1024, 1792),
+    "145.6B": ((80, 96, 12288), 8, 8, 1536, 2304),
+    "310.1B": ((96, 128, 16384), 8, 16, 1920, 2160),
+    "529.6B": ((105, 128, 20480), 8, 35, 2520, 2520),
+    "1T": ((128, 160, 25600), 8, 64, 3072, 3072),
+}
+
+
+def _paper_memory(row, t, p):
+    (L, a, h), _, _, n, batch = NARAYANAN[row]
+    dp = n // (t * p)
+    return training_memory(_gpt(L, a, h), seq_len=2048, micro_batch=1, dims=Dims(dp, t, p),
+                           recompute="full", num_microbatches=batch // dp)
+
+
+@pytest.mark.parametrize("row", NARAYANAN)
+def test_narayanans_configurations_fit_an_80_gb_a100_and_t_p_1_does_not(row):
+    _, t, p, _, _ = NARAYANAN[row]
+    capacity = get_gpu("a100-80gb").memory_bytes
+    assert _paper_memory(row, t, p).total <= capacity, f"{row}: the paper's t={t}, p={p} should fit"
+    assert _paper_memory(row, 1, 1).total > capacity, f"{row}: t = p = 1 should not fit"
+
+
+def test_every_plan_is_the_estimators_memory_fits_and_comes_fastest_first():
+    shape = PRESETS["llama-2-7b"]
+    found = plan_training(shape, gpu="a100-80gb", num_gpus=8, seq_len=4096, global_batch=16)
+    assert found.plans and found.considered >= len(found.plans)
+    times = [pl.step_time_s for pl in found.plans]
+    assert times == sorted(times)
+    for pl in found.plans[:: max(1, len(found.plans) // 20)]:
+        want = training_memory(shape.replace(seq_len=4096), seq_len=4096, micro_batch=pl.micro_batch,
+                               dims=Dims(pl.dp_size, pl.tp_size, pl.pp_size), zero_stage=pl.zero_stage,
+                               recompute=pl.recompute, sequence_parallel=pl.sequence_parallel,
+                               num_microbatches=pl.num_microbatches, schedule=pl.schedule, v=pl.v)
+        assert pl.memory.to_dict() == want.to_dict() and want.total <= pl.limit_bytes
+        assert pl.tp_size * pl.pp_size * pl.dp_size * pl.cp_size == 8
+        assert pl.dp_size * pl.micro_batch * pl.num_microbatches == 16
+    json.dumps(found.to_dict())  # what a script or a page reads
+
+
+def test_a_layout_that_does_not_fit_names_the_term_that_overflowed():
+    found = plan_training(PRESETS["llama-3-70b"], gpu="a100-80gb", num_gpus=8, seq_len=8192, global_batch=8)
+    by_layout = {(o.tp_size, o.pp_size, o.dp_size): o for o in found.overflows}
+    one = by_layout[(1, 1, 8)]  # ZeRO-3 over 8 leaves 16 bytes x 70.6B / 8 = 141 GB: states alone
+    assert one.term in TERMS and one.message.startswith(f"{one.term}: ")
+    terms = [getattr(one.leanest.memory, k) for k in TERMS]
+    cut = TERMS.index(one.term)
+    assert sum(terms[:cut]) <= one.limit_bytes < sum(terms[:cut + 1]) == one.bytes_so_far
+    assert one.leanest.memory.total == min(pl.memory.total for pl in [one.leanest])
+
+
+def test_nothing_fits_says_why():
+    found = plan_training(PRESETS["llama-3-70b"], gpu="t4", num_gpus=1, seq_len=4096, global_batch=1)
+    assert not found.plans and "params" in found.reason()
+
+
+def test_a_smaller_memory_fraction_never_adds_plans():
+    kw = dict(gpu="a100-80gb", num_gpus=8, seq_len=4096, global_batch=16)
+    loose = plan_training(PRESETS["llama-2-13b"], **kw)
+    tight = plan_training(PRESETS["llama-2-13b"], memory_fraction=0.5, **kw)
+    assert {p.to_dict()["memory"]["total"] for p in tight.plans} <= {p.to_dict()["memory"]["total"] for p in loose.plans}
+    assert len(tight.plans) < len(loose.plans)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_gpus=0), "num_gpus"), (dict(num_gpus=True), "num_gpus"), (dict(global_batch=2.0), "global_batch"),
+    (dict(recompute=("some",)), "recompute"), (dict(zero_stages=(4,)), "zero_stages"),
+    (dict(sequence_parallel=(1,)), "sequence_parallel"), (dict(micro_batches=()), "micro_batches"),
+    (dict(efficiency=1.5), "efficiency"), (dict(gpu="b200"), "gpu"),
+])
+def test_bad_planner_input_names_the_argument(kw, match):
+    args = {**dict(gpu="a100", num_gpus=8, seq_len=1024, global_batch=8), **kw}
+    with pytest.raises(ValueError, match=match):
+        plan_training(PRESETS["gpt2-small"], **args)
+
+
+def test_serving_plans_are_the_estimators_blocks_per_degree():
+    shape = PRESETS["llama-3-70b"]
+    found = plan_serving(shape, gpu="h100-sxm", num_gpus=8, context_len=8192)
+    for pl in found.plans + found.refused:
+        est = serving_memory(shape, gpu="h100-sxm", tp_size=pl.tp_size)
+        assert (pl.num_blocks, pl.max_tokens) == (est.num_blocks, est.max_tokens)
+        assert pl.total_concurrency == pl.max_concurrency * pl.replicas and pl.replicas * pl.tp_size == 8
+    refused = {pl.tp_size: pl.bound for pl in found.refused}
+    assert refused.get(1) == "weights"  # 141 GB of bf16 weights on one 80 GB GPU
+    assert all(pl.bound in ("kv_cache", "max_num_seqs") for pl in found.plans)
+
+
+def test_serving_refuses_a_context_past_the_model():
+    with pytest.raises(ValueError, match="context_len"):
+        plan_serving(PRESETS["llama-2-7b"], gpu="a100-80gb", context_len=5000)
