@@ -32,14 +32,16 @@ from sphinx.util.docutils import SphinxDirective
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-UI = HERE / "calculator_ui.py"
+UI = HERE / "browser" / "calculator_ui.py"  # runs in the page, never in the build
 STATIC = "calculators"  # under _static
 RUNTIME = ("brython.js", "brython_stdlib.js")
 ENTRIES = ("labkit.estimate", "labkit.hardware", "labkit.shapes", "labkit.memory.analytic")
-KINDS = ("training", "zero", "activations", "parallel", "kv")
+KINDS = ("training", "zero", "activations", "parallel", "kv", "plans")
+PLANNER = "labkit.plan"  # bundled when the source has it; the "plans" calculator needs it
 KNOBS = ("gpu", "seq_len", "micro_batch", "dp_size", "tp_size", "pp_size", "zero_stage",
          "recompute", "sequence_parallel", "precision", "optimizer", "weight_bytes", "kv_bytes",
-         "context_len", "gpu_memory_utilization")
+         "context_len", "gpu_memory_utilization", "num_gpus", "gpus_per_node", "global_batch",
+         "micro_batches", "interleave")
 
 LOADING = ("Loading the calculator: it runs the course's Python (labkit) in this page. If this "
            "message stays, the calculator could not load (it needs JavaScript).")
@@ -53,15 +55,15 @@ NOT_LOADED_JS = """window.addEventListener('load', function () {
 });"""
 
 
-def _module_file(name: str) -> Path | None:
-    base = ROOT.joinpath(*name.split("."))
+def _module_file(name: str, root: Path = ROOT) -> Path | None:
+    base = root.joinpath(*name.split("."))
     for path in (base / "__init__.py", base.with_suffix(".py")):
         if path.is_file():
             return path
     return None
 
 
-def _top_level_imports(tree: ast.Module, name: str, is_package: bool) -> set[str]:
+def _top_level_imports(tree: ast.Module, name: str, is_package: bool, root: Path) -> set[str]:
     """Modules imported when the module runs (not those imported inside functions)."""
     package = name if is_package else name.rpartition(".")[0]
     found: set[str] = set()
@@ -77,7 +79,7 @@ def _top_level_imports(tree: ast.Module, name: str, is_package: bool) -> set[str
                 parts = parts[:len(parts) - node.level + 1]
                 base = ".".join(parts + ([node.module] if node.module else []))
             found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}"))
+            found.update(f"{base}.{a.name}" for a in node.names if _module_file(f"{base}.{a.name}", root))
         elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
         elif isinstance(node, (ast.If, ast.Try, ast.With)):
@@ -85,7 +87,7 @@ def _top_level_imports(tree: ast.Module, name: str, is_package: bool) -> set[str
     return found
 
 
-def labkit_modules(entries=ENTRIES) -> dict[str, Path]:
+def labkit_modules(root: Path = ROOT, entries=ENTRIES) -> dict[str, Path]:
     """The labkit modules that importing ``entries`` runs, with their parent packages; an
     ExtensionError if one of them imports something outside labkit and the standard library."""
     found: dict[str, Path] = {}
@@ -94,14 +96,14 @@ def labkit_modules(entries=ENTRIES) -> dict[str, Path]:
         name = todo.pop()
         if name in found:
             continue
-        path = _module_file(name)
+        path = _module_file(name, root)
         if path is None:
-            raise ExtensionError(f"calculators: {name} not found under {ROOT}")
+            raise ExtensionError(f"calculators: {name} not found under {root}")
         found[name] = path
         if "." in name:
             todo.append(name.rpartition(".")[0])
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for mod in _top_level_imports(tree, name, path.name == "__init__.py"):
+        for mod in _top_level_imports(tree, name, path.name == "__init__.py", root):
             top = mod.split(".")[0]
             if top == "labkit":
                 todo.append(mod)
@@ -112,10 +114,14 @@ def labkit_modules(entries=ENTRIES) -> dict[str, Path]:
     return found
 
 
-def bundle(entries=ENTRIES) -> str:
+def entries_for(root: Path) -> tuple[str, ...]:
+    return ENTRIES + ((PLANNER,) if _module_file(PLANNER, root) else ())
+
+
+def bundle(root: Path = ROOT, entries=None) -> str:
     """labkit's modules and the calculators' page code as one Brython package script."""
     vfs: dict = {"$timestamp": 0}
-    for name, path in sorted(labkit_modules(entries).items()):
+    for name, path in sorted(labkit_modules(root, entries or entries_for(root)).items()):
         entry = [".py", path.read_text(encoding="utf-8"), []]
         vfs[name] = entry + [1] if path.name == "__init__.py" else entry
     vfs["calculator_ui"] = [".py", UI.read_text(encoding="utf-8"), []]
@@ -144,6 +150,8 @@ class CalculatorDirective(SphinxDirective):
         attrs = " ".join(f'data-{k.replace("_", "-")}="{escape(v)}"' for k, v in sorted(self.options.items()))
         html = (f'<div class="labkit-calc" data-kind="{kind}" {attrs}>'
                 f'<p class="labkit-calc-status">{LOADING}</p></div>')
+        if kind == "plans" and not _module_file(PLANNER, Path(self.env.srcdir)):
+            raise self.error(f"the plans calculator needs {PLANNER}, not found in {self.env.srcdir}")
         self.env.metadata[self.env.docname]["labkit_calculator"] = True
         return [nodes.raw("", html, format="html")]
 
@@ -159,29 +167,39 @@ def _add_scripts(app: Sphinx, pagename, templatename, context, doctree) -> None:
     app.add_css_file("calculators.css")
 
 
+def _used(app: Sphinx) -> bool:
+    return any(meta.get("labkit_calculator") for meta in app.env.metadata.values())
+
+
+def _check(app: Sphinx, env) -> None:
+    """Once the pages are read: fail early if a page has a calculator and the browser could not
+    run labkit (Brython missing, or a module that imports torch when it loads)."""
+    if app.builder.format == "html" and _used(app):
+        brython_data()
+        labkit_modules(Path(app.srcdir), entries_for(Path(app.srcdir)))
+
+
+def _add_static(app: Sphinx) -> None:
+    static = str(HERE / "static")  # calculators.css
+    if static not in app.config.html_static_path:
+        app.config.html_static_path.append(static)
+
+
 def _write(app: Sphinx, exception: Exception | None) -> None:
-    if exception is not None or app.builder.format != "html":
+    if exception is not None or app.builder.format != "html" or not _used(app):
         return
     dest = Path(app.outdir) / "_static" / STATIC
     dest.mkdir(parents=True, exist_ok=True)
     data = brython_data()
     for name in RUNTIME:
         shutil.copy2(data / name, dest / name)
-    (dest / "labkit.brython.js").write_text(bundle(), encoding="utf-8")
-
-
-def _check(app: Sphinx) -> None:
-    if app.builder.format == "html":
-        brython_data()
-        labkit_modules()  # fail early: a labkit module the browser cannot run
-        static = str(HERE / "static")  # calculators.css
-        if static not in app.config.html_static_path:
-            app.config.html_static_path.append(static)
+    (dest / "labkit.brython.js").write_text(bundle(Path(app.srcdir)), encoding="utf-8")
 
 
 def setup(app: Sphinx) -> dict:
     app.add_directive("calculator", CalculatorDirective)
-    app.connect("builder-inited", _check)
+    app.connect("builder-inited", _add_static)
+    app.connect("env-updated", _check)
     app.connect("html-page-context", _add_scripts)
     app.connect("build-finished", _write)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

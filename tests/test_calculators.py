@@ -13,6 +13,7 @@ It reuses the book the suite builds once (``built_book``) and test_browser's Chr
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import replace
@@ -20,16 +21,26 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
-from test_browser import LOCAL_HOSTS, browser, site  # noqa: F401  (fixtures)
+from test_browser import LOCAL_HOSTS, ROOT, browser, site  # noqa: F401  (fixtures)
 
 from labkit.estimate import serving_memory, training_memory
 from labkit.hardware import GPUS
+from labkit.plan import plan_training
 from labkit.shapes import PRESETS
 
 pytestmark = pytest.mark.xdist_group("book")
 
-PAGES = {"training": "chapters/01_memory_wall", "zero": "chapters/02_zero",
-         "activations": "chapters/05_tensor_parallel", "kv": "chapters/08_paged_attention"}
+
+def _calculator_pages() -> dict:
+    """{kind: the chapter whose source has that calculator}, read from chapters/*.md."""
+    found = {}
+    for path in sorted((ROOT / "chapters").glob("[0-9]*.md")):
+        for kind in re.findall(r"^```+\{calculator\} (\w+)", path.read_text("utf-8"), re.M):
+            found.setdefault(kind, f"chapters/{path.stem}")
+    return found
+
+
+PAGES = _calculator_pages()
 SHAPE = ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size")
 TRAIN_PARTS = ("params", "grads", "optimizer", "activations", "transient", "total")
 SERVE_PARTS = ("weights", "activation_peak", "non_torch", "kv_cache", "total")
@@ -88,10 +99,27 @@ INPUTS = {
          "tp_size": "2", "context_len": "2048", "gpu_memory_utilization": "0.5"},
         {"preset": "llama-3-8b", "gpu": "a100-80gb", "tp_size": "3"},
     ],
+    "plans": [
+        {"preset": "llama-2-7b", "gpu": "a100-80gb", "num_gpus": "8", "gpus_per_node": "8",
+         "seq_len": "4096", "global_batch": "64", "micro_batches": "1", "interleave": "1"},
+        {"preset": "llama-2-7b", "gpu": "a100-80gb", "num_gpus": "1", "global_batch": "8"},
+        {"preset": "gpt2-xl", "gpu": "a100-40gb", "num_gpus": "4", "seq_len": "1024",
+         "global_batch": "32", "micro_batches": "1, 2"},
+        {"preset": "llama-3-8b", "n_layer": "16", "gpu": "h100-sxm", "num_gpus": "16",
+         "seq_len": "2048", "global_batch": "64", "micro_batches": "1", "interleave": "1, 2"},
+        {"preset": "llama-2-13b", "gpu": "l4", "num_gpus": "8", "seq_len": "2048",
+         "global_batch": "16", "micro_batches": "1", "interleave": "1"},
+        {"preset": "tiny", "global_batch": "0"},
+    ],
 }
 KNOB_KIND = {"seq_len": int, "micro_batch": int, "dp_size": int, "tp_size": int,
              "context_len": int, "gpu_memory_utilization": float, "kv_bytes": int,
-             "weight_bytes": int, "zero_stage": int}
+             "weight_bytes": int, "zero_stage": int, "num_gpus": int, "gpus_per_node": int,
+             "global_batch": int}
+PLAN_COLUMNS = ("tp_size", "pp_size", "v", "dp_size", "zero_stage", "recompute",
+                "sequence_parallel", "micro_batch", "num_microbatches", "step_time_s", "mfu",
+                "total")
+TOP = 5
 
 
 def _form(page, calc):
@@ -122,6 +150,8 @@ def _expected_inputs(form: dict, kind: str) -> dict:
             continue
         if name == "sequence_parallel":
             got[name] = text == "on"
+        elif name in ("micro_batches", "interleave"):
+            got[name] = [int(t) for t in text.split(",") if t.strip()]
         else:
             got[name] = KNOB_KIND.get(name, str)(text)
     return got
@@ -132,6 +162,8 @@ def _estimate(kind: str, got: dict) -> dict:
     try:
         shape = replace(PRESETS[got["preset"]], **{n: got[n] for n in SHAPE})
         capacity = GPUS[got["gpu"]].memory_bytes
+        if kind == "plans":
+            return _plans(shape, got)
         if kind == "kv":
             est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
                                  weight_bytes=got["weight_bytes"], kv_bytes=got["kv_bytes"],
@@ -160,6 +192,38 @@ def _estimate(kind: str, got: dict) -> dict:
         return {"error": str(e)}
 
 
+def _plans(shape, got: dict) -> dict:
+    found = plan_training(shape, gpu=got["gpu"], num_gpus=got["num_gpus"],
+                          gpus_per_node=got["gpus_per_node"], seq_len=got["seq_len"],
+                          global_batch=got["global_batch"],
+                          micro_batches=tuple(got["micro_batches"]),
+                          interleave=tuple(got["interleave"]))
+    out = {"considered": found.considered, "fitting": len(found.plans)}
+    if not found.plans:
+        out["reason"] = found.reason()
+        return out
+    best = found.plans[0]
+    out.update({k: getattr(best.memory, k) for k in TRAIN_PARTS})
+    out["fits"] = int(best.memory.total <= best.limit_bytes)
+    for i, plan in enumerate(found.plans[:TOP]):
+        row = {**plan.to_dict(), "total": plan.memory.total}
+        out.update({f"p{i}-{k}": row[k] for k in PLAN_COLUMNS})
+    return out
+
+
+def _plan_text(name: str, value) -> str | None:
+    """What the plans table shows for a value (None: not a table cell)."""
+    if name == "step_time_s":
+        return f"{value:.2f} s"
+    if name == "mfu":
+        return f"{100 * value:.1f}%"
+    if name == "total":
+        return _gb(value)
+    if name == "sequence_parallel":
+        return "on" if value else "off"
+    return str(value)
+
+
 def _shown(calc, want: dict, timeout: float = 30.0) -> dict:
     """Wait until the output was computed from ``want`` (its data-inputs), then read it."""
     out = calc.locator(".labkit-calc-output")
@@ -167,7 +231,7 @@ def _shown(calc, want: dict, timeout: float = 30.0) -> dict:
     while True:
         raw = out.get_attribute("data-inputs")
         state = out.get_attribute("data-state")
-        if state == "error" or (raw and json.loads(raw) == want):
+        if state in ("ok", "error") and raw and json.loads(raw) == want:
             break
         if time.monotonic() > deadline:
             pytest.fail(f"the calculator did not show {want}: data-inputs={raw!r}, state={state}")
@@ -213,8 +277,19 @@ def _check_shown(kind: str, shown: dict, expected: dict, inputs: dict) -> None:
     assert set(shown) == set(expected), f"{kind} {inputs}: numbers shown {sorted(shown)}"
     for name, want in expected.items():
         value, text = shown[name]
-        assert int(value) == want, f"{kind} {inputs}: {name} shown {value}, labkit {want}"
         part = name.split("-")[-1]
+        if name == "reason":
+            assert text == want, f"{kind} {inputs}: the page says {text!r}, labkit {want!r}"
+        elif kind == "plans" and name.startswith("p") and "-" in name:
+            if isinstance(want, float):  # the page's floats are JavaScript's doubles
+                assert math.isclose(float(value), want, rel_tol=1e-12), (kind, inputs, name, value)
+            else:
+                assert value == str(want), f"{kind} {inputs}: {name} shown {value}, labkit {want}"
+            assert text == _plan_text(part, want), f"{kind} {inputs}: {name} reads {text!r}"
+        else:
+            assert int(value) == want, f"{kind} {inputs}: {name} shown {value}, labkit {want}"
+        if name == "reason" or (kind == "plans" and name.startswith("p") and "-" in name):
+            continue
         if part in TRAIN_PARTS + SERVE_PARTS:
             assert text == _gb(want), f"{kind} {inputs}: {name} reads {text!r}"
         elif part in ("num_blocks", "max_tokens", "max_concurrency"):
@@ -242,7 +317,9 @@ def test_calculator_shows_labkits_numbers(browser, site, kind):  # noqa: F811
             got = _expected_inputs(_set(page, calc, inputs), kind)
             expected = _estimate(kind, got)
             _check_shown(kind, _shown(calc, got), expected, inputs)
-            fits.update(v for k, v in expected.items() if k.endswith(("fits", "serves")))
+            fits.update(v for k, v in expected.items()
+                        if k.endswith(("fits", "serves")) and not k.startswith("p"))
+            fits.update([0] if "reason" in expected else [])
             fits.add("error" if "error" in expected else "ok")
         assert fits >= {0, 1, "error", "ok"}, f"{kind}: the inputs must include runs that fit, " \
                                                "do not fit, and are refused"

@@ -14,7 +14,7 @@ from in ``data-inputs`` (JSON), so a test can check the page against the estimat
 import json
 from dataclasses import replace
 
-from browser import document, html
+from browser import document, html, timer
 
 from labkit.estimate import OPTIMIZERS, PRECISIONS, serving_memory, training_memory
 from labkit.hardware import GPUS
@@ -42,6 +42,11 @@ KNOBS = {
     "kv_bytes": ("bytes per KV element", "choice", "2", ("1", "2", "4")),
     "context_len": ("context length", "int", 4096, None),
     "gpu_memory_utilization": ("memory utilisation", "float", 0.9, None),
+    "num_gpus": ("GPUs", "int", 8, None),
+    "gpus_per_node": ("GPUs per node", "int", 8, None),
+    "global_batch": ("global batch", "int", 64, None),
+    "micro_batches": ("micro-batches b tried", "ints", "1", None),
+    "interleave": ("interleave v tried", "ints", "1", None),
 }
 
 KINDS = {
@@ -51,7 +56,14 @@ KINDS = {
     "parallel": ("gpu", "dp_size", "tp_size", "pp_size", "zero_stage", "recompute",
                  "sequence_parallel", "seq_len", "micro_batch"),
     "kv": ("gpu", "tp_size", "context_len", "kv_bytes", "weight_bytes", "gpu_memory_utilization"),
+    "plans": ("gpu", "num_gpus", "gpus_per_node", "seq_len", "global_batch", "micro_batches",
+              "interleave"),
 }
+TOP = 5  # plans shown
+PLAN_COLUMNS = (("tp_size", "t"), ("pp_size", "p"), ("v", "v"), ("dp_size", "N_d"),
+                ("zero_stage", "ZeRO"), ("recompute", "recompute"), ("sequence_parallel", "SP"),
+                ("micro_batch", "b"), ("num_microbatches", "m"), ("step_time_s", "step"),
+                ("mfu", "MFU"), ("total", "memory"))
 
 TRAIN_PARTS = ("params", "grads", "optimizer", "activations", "transient")
 SERVE_PARTS = ("weights", "activation_peak", "non_torch", "kv_cache")
@@ -107,7 +119,19 @@ class Calculator:
             if name != "preset":
                 box.bind("input", lambda ev: self.update())
                 box.bind("change", lambda ev: self.update())
+        self.pending = None
         self.update()
+
+    def update(self):
+        """Recompute now, or for the planner (a sweep: seconds in the page) once typing stops."""
+        if self.kind != "plans":
+            self.compute()
+            return
+        if self.pending is not None:
+            timer.clear_timeout(self.pending)
+        self.out.attrs["data-state"] = "computing"
+        self.out.style.opacity = "0.5"
+        self.pending = timer.set_timeout(self.compute, 400)
 
     def fill_shape(self):
         shape = PRESETS[self.fields["preset"].value]
@@ -128,6 +152,8 @@ class Calculator:
                 got[name] = _number(name, text, int)
             elif kind == "float":
                 got[name] = _number(name, text, float)
+            elif kind == "ints":
+                got[name] = [_number(name, t.strip(), int) for t in text.split(",") if t.strip()]
             elif name in ("zero_stage", "weight_bytes", "kv_bytes"):
                 got[name] = int(text)
             elif name == "sequence_parallel":
@@ -136,16 +162,20 @@ class Calculator:
                 got[name] = text
         return got
 
-    def update(self):
+    def compute(self):
+        self.pending = None
+        got = None
         try:
             got = self.inputs()
             shape = replace(PRESETS[got["preset"]], **{n: got[n] for n, _ in SHAPE_FIELDS})
-            body = self.serving(shape, got) if self.kind == "kv" else self.training(shape, got)
+            body = (self.serving(shape, got) if self.kind == "kv" else
+                    self.plans(shape, got) if self.kind == "plans" else self.training(shape, got))
             self.show(body, got, "ok")
         except (ValueError, TypeError) as e:
-            self.show(html.P(str(e), Class="labkit-calc-error"), None, "error")
+            self.show(html.P(str(e), Class="labkit-calc-error"), got, "error")
 
     def show(self, body, got, state):
+        self.out.style.opacity = "1"
         self.out.clear()
         self.out <= body
         self.out.attrs["data-inputs"] = json.dumps(got, sort_keys=True) if got else ""
@@ -191,6 +221,49 @@ class Calculator:
         return html.DIV(_bar(d, SERVE_PARTS, capacity) + _numbers(d, SERVE_PARTS, capacity, "")
                         + counts + html.P(_value("serves", int(conc > 0), verdict),
                                           Class="labkit-calc-verdict"))
+
+    def plans(self, shape, got):
+        from labkit.plan import plan_training
+
+        found = plan_training(shape, gpu=got["gpu"], num_gpus=got["num_gpus"],
+                              gpus_per_node=got["gpus_per_node"], seq_len=got["seq_len"],
+                              global_batch=got["global_batch"],
+                              micro_batches=tuple(got["micro_batches"]),
+                              interleave=tuple(got["interleave"]))
+        body = html.DIV()
+        body <= html.P(_value("considered", found.considered, str(found.considered))
+                       + " configurations sized, "
+                       + _value("fitting", len(found.plans), str(len(found.plans))) + " fit.")
+        if not found.plans:
+            body <= html.P("Nothing fits: " + _value("reason", 0, found.reason()),
+                           Class="labkit-calc-verdict")
+            return body
+        best = found.plans[0]
+        d = best.memory.to_dict()
+        body <= html.P(f"The fastest plan's memory per GPU (limit {gb(best.limit_bytes)}):")
+        body <= _bar(d, TRAIN_PARTS, best.limit_bytes) + _numbers(d, TRAIN_PARTS, best.limit_bytes, "")
+        table = html.TABLE(Class="labkit-calc-table labkit-calc-plans")
+        table <= html.TR([html.TH(label) for _, label in PLAN_COLUMNS])
+        for i, plan in enumerate(found.plans[:TOP]):
+            row = plan.to_dict()
+            row["total"] = plan.memory.total
+            table <= html.TR([html.TD(_value(f"p{i}-{k}", row[k], _plan_text(k, row[k])))
+                              for k, _ in PLAN_COLUMNS])
+        body <= table
+        return body
+
+
+def _plan_text(name, value):
+    """How the plans table writes one value."""
+    if name == "step_time_s":
+        return f"{value:.2f} s"
+    if name == "mfu":
+        return f"{100 * value:.1f}%"
+    if name == "total":
+        return gb(value)
+    if name == "sequence_parallel":
+        return "on" if value else "off"
+    return str(value)
 
 
 def _number(name, text, kind):
