@@ -366,3 +366,42 @@ def test_page_says_when_the_calculator_cannot_load(browser, site):  # noqa: F811
     finally:
         context.close()
     assert "could not load" in status, status
+
+
+def _calculators_ext():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calculators", ROOT / "_ext" / "calculators.py")
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    return ext
+
+
+def test_the_bundle_holds_what_importing_the_estimator_and_planner_loads():
+    """The modules the page gets are the labkit modules that importing labkit.estimate and
+    labkit.plan loads here (read from their imports, without importing them), torch left out."""
+    import subprocess
+    import sys
+
+    ext = _calculators_ext()
+    bundled = set(ext.labkit_modules(ROOT, ext.entries_for(ROOT)))
+    code = ("import sys; sys.modules['torch'] = None; import labkit.estimate, labkit.plan, "
+            "labkit.memory.analytic; print(sorted(m for m in sys.modules if m.split('.')[0] == 'labkit'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          check=True)
+    assert bundled == set(eval(proc.stdout)), proc.stdout  # noqa: S307 (our own printed list)
+
+
+def test_the_bundle_refuses_a_module_that_imports_torch_when_it_loads(tmp_path):
+    from sphinx.errors import ExtensionError
+
+    ext = _calculators_ext()
+    pkg = tmp_path / "labkit"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .fine import f\n")
+    (pkg / "fine.py").write_text("import math\n\ndef f():\n    import torch\n")
+    assert set(ext.labkit_modules(tmp_path, ("labkit.fine",))) == {"labkit", "labkit.fine"}
+    (pkg / "bad.py").write_text("from . import fine\ntry:\n    import torch\nexcept ImportError:\n"
+                                "    pass\n")
+    with pytest.raises(ExtensionError, match="labkit.bad imports torch"):
+        ext.labkit_modules(tmp_path, ("labkit.bad",))
