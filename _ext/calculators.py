@@ -43,16 +43,26 @@ KNOBS = ("gpu", "seq_len", "micro_batch", "dp_size", "tp_size", "pp_size", "zero
          "context_len", "gpu_memory_utilization", "num_gpus", "gpus_per_node", "global_batch",
          "micro_batches", "interleave")
 
-LOADING = ("Loading the calculator: it runs the course's Python (labkit) in this page. If this "
-           "message stays, the calculator could not load (it needs JavaScript).")
-# Shown instead, by JavaScript, when the Python runtime did not load at all.
+# What the page says before Python has loaded, and if it cannot load, by Sphinx ``language``
+# (another edition adds its own entry; the words the calculators show once loaded are in
+# browser/calculator_ui.py's TRANSLATIONS).
+LOADING = {"en": ("Loading the calculator: it runs the course's Python (labkit) in this page. If "
+                  "this message stays, the calculator could not load (it needs JavaScript).")}
+NOT_LOADED = {"en": ("The calculator could not load: its Python runtime (_static/calculators/"
+                     "brython.js) is missing from this copy of the book.")}
+# Shown by JavaScript when the Python runtime did not load at all.
 NOT_LOADED_JS = """window.addEventListener('load', function () {
   if (typeof __BRYTHON__ !== 'undefined') return;
   document.querySelectorAll('.labkit-calc-status').forEach(function (el) {
-    el.textContent = 'The calculator could not load: its Python runtime (_static/calculators/'
-      + 'brython.js) is missing from this copy of the book.';
+    el.textContent = el.dataset.notLoaded;
   });
 });"""
+
+
+def words(table: dict, language: str | None) -> str:
+    """The entry of ``table`` for ``language`` ("zh_CN", then "zh"), else English."""
+    language = language or "en"
+    return table.get(language) or table.get(language.split("_")[0]) or table["en"]
 
 
 def _module_file(name: str, root: Path = ROOT) -> Path | None:
@@ -148,8 +158,10 @@ class CalculatorDirective(SphinxDirective):
         if kind not in KINDS:
             raise self.error(f"calculator kind {kind!r}: expected one of {', '.join(KINDS)}")
         attrs = " ".join(f'data-{k.replace("_", "-")}="{escape(v)}"' for k, v in sorted(self.options.items()))
+        language = self.env.config.language
         html = (f'<div class="labkit-calc" data-kind="{kind}" {attrs}>'
-                f'<p class="labkit-calc-status">{LOADING}</p></div>')
+                f'<p class="labkit-calc-status" data-not-loaded="{escape(words(NOT_LOADED, language))}">'
+                f'{escape(words(LOADING, language))}</p></div>')
         if kind == "plans" and not _module_file(PLANNER, Path(self.env.srcdir)):
             raise self.error(f"the plans calculator needs {PLANNER}, not found in {self.env.srcdir}")
         self.env.metadata[self.env.docname]["labkit_calculator"] = True

@@ -99,6 +99,23 @@ INPUTS = {
          "tp_size": "2", "context_len": "2048", "gpu_memory_utilization": "0.5"},
         {"preset": "llama-3-8b", "gpu": "a100-80gb", "tp_size": "3"},
     ],
+    "parallel": [
+        {"preset": "llama-2-70b", "gpu": "a100-80gb", "dp_size": "8", "tp_size": "8",
+         "pp_size": "4", "zero_stage": "1", "recompute": "selective", "sequence_parallel": "on",
+         "seq_len": "4096", "micro_batch": "1"},
+        {"preset": "llama-2-70b", "dp_size": "64", "tp_size": "1", "pp_size": "1",
+         "zero_stage": "0", "recompute": "none", "sequence_parallel": "off"},
+        {"preset": "gpt3-175b", "gpu": "a100-80gb", "dp_size": "8", "tp_size": "8",
+         "pp_size": "16", "zero_stage": "1", "recompute": "full", "sequence_parallel": "on",
+         "seq_len": "2048", "micro_batch": "1"},
+        {"preset": "llama-3-8b", "n_layer": "8", "gpu": "l4", "dp_size": "2", "tp_size": "2",
+         "pp_size": "2", "zero_stage": "3", "recompute": "selective",
+         "sequence_parallel": "off", "seq_len": "2048", "micro_batch": "2"},
+        {"preset": "llama-3-70b", "gpu": "h100-sxm", "dp_size": "16", "tp_size": "8",
+         "pp_size": "4", "zero_stage": "2", "recompute": "selective", "sequence_parallel": "on",
+         "seq_len": "8192", "micro_batch": "1"},
+        {"preset": "llama-2-70b", "tp_size": "3"},
+    ],
     "plans": [
         {"preset": "llama-2-7b", "gpu": "a100-80gb", "num_gpus": "8", "gpus_per_node": "8",
          "seq_len": "4096", "global_batch": "64", "micro_batches": "1", "interleave": "1"},
@@ -113,7 +130,7 @@ INPUTS = {
     ],
 }
 KNOB_KIND = {"seq_len": int, "micro_batch": int, "dp_size": int, "tp_size": int,
-             "context_len": int, "gpu_memory_utilization": float, "kv_bytes": int,
+             "pp_size": int, "context_len": int, "gpu_memory_utilization": float, "kv_bytes": int,
              "weight_bytes": int, "zero_stage": int, "num_gpus": int, "gpus_per_node": int,
              "global_batch": int}
 PLAN_COLUMNS = ("tp_size", "pp_size", "v", "dp_size", "zero_stage", "recompute",
@@ -177,8 +194,9 @@ def _estimate(kind: str, got: dict) -> dict:
                        fits=int(d["total"] <= capacity))
             return out
         dims = SimpleNamespace(dp_size=got.get("dp_size", 1), tp_size=got.get("tp_size", 1),
-                               pp_size=1, cp_size=1)
-        kw = {k: got[k] for k in ("recompute", "sequence_parallel", "precision", "optimizer")
+                               pp_size=got.get("pp_size", 1), cp_size=1)
+        kw = {k: got[k] for k in ("zero_stage", "recompute", "sequence_parallel", "precision",
+                                  "optimizer")
               if k in got}
         runs = {f"z{s}-": {"zero_stage": s} for s in range(4)} if kind == "zero" else {"": {}}
         out = {}

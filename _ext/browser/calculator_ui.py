@@ -72,6 +72,17 @@ LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer 
           "activation_peak": "forward peak", "non_torch": "non-PyTorch", "kv_cache": "KV cache"}
 
 
+# The words the calculators show, by page language (<html lang>, from Sphinx's ``language``):
+# TRANSLATIONS["zh_CN"] = {"preset": "...", ...}; a phrase missing from it is shown in English.
+TRANSLATIONS = {}
+LANG = (document.documentElement.lang or "en").replace("-", "_")
+
+
+def _t(text, **values):
+    words = TRANSLATIONS.get(LANG) or TRANSLATIONS.get(LANG.split("_")[0]) or {}
+    return words.get(text, text).format(**values)
+
+
 class Dims:
     """The parallel degrees ``training_memory`` reads (duck-typed like ``ParallelDims``)."""
 
@@ -92,7 +103,7 @@ def _field(calc, name, label, value, choices=None):
         for c in choices:
             box <= html.OPTION(str(c), value=str(c), selected=(str(c) == str(value)))
     calc.fields[name] = box
-    return html.LABEL(html.SPAN(label) + box)
+    return html.LABEL(html.SPAN(_t(label)) + box)
 
 
 class Calculator:
@@ -187,9 +198,10 @@ class Calculator:
         if self.kind == "zero":
             body = html.DIV()
             for stage in range(4):
-                est = self._train(shape, got, zero_stage=stage)
-                body <= html.DIV(html.B(f"ZeRO-{stage}") + _bar(est.to_dict(), TRAIN_PARTS, capacity)
-                                 + _numbers(est.to_dict(), TRAIN_PARTS, capacity, f"z{stage}-"))
+                d = self._train(shape, got, zero_stage=stage).to_dict()
+                body <= html.DIV(html.B(_t("ZeRO-{stage}", stage=stage))
+                                 + _bar(d, TRAIN_PARTS, capacity)
+                                 + _numbers(d, TRAIN_PARTS, capacity, f"z{stage}-"))
             return body
         est = self._train(shape, got)
         d = est.to_dict()
@@ -212,12 +224,12 @@ class Calculator:
         d["total"] = est.weights + est.activation_peak + est.non_torch + est.kv_cache
         conc = est.max_concurrency(got["context_len"])
         counts = html.UL(Class="labkit-calc-counts")
-        for name, label, value in (("num_blocks", "KV blocks", est.num_blocks),
-                                   ("max_tokens", "tokens cached", est.max_tokens),
-                                   ("max_concurrency", f"requests of {got['context_len']} tokens",
-                                    conc)):
+        for name, label, value in (("num_blocks", _t("KV blocks"), est.num_blocks),
+                                   ("max_tokens", _t("tokens cached"), est.max_tokens),
+                                   ("max_concurrency", _t("requests of {n} tokens",
+                                                          n=got["context_len"]), conc)):
             counts <= html.LI(label + ": " + _value(name, value, str(value)))
-        verdict = "fits" if conc > 0 else "does not fit: no request of this length fits"
+        verdict = _t("fits") if conc > 0 else _t("does not fit: no request of this length fits")
         return html.DIV(_bar(d, SERVE_PARTS, capacity) + _numbers(d, SERVE_PARTS, capacity, "")
                         + counts + html.P(_value("serves", int(conc > 0), verdict),
                                           Class="labkit-calc-verdict"))
@@ -232,18 +244,19 @@ class Calculator:
                               interleave=tuple(got["interleave"]))
         body = html.DIV()
         body <= html.P(_value("considered", found.considered, str(found.considered))
-                       + " configurations sized, "
-                       + _value("fitting", len(found.plans), str(len(found.plans))) + " fit.")
+                       + _t(" configurations sized, ")
+                       + _value("fitting", len(found.plans), str(len(found.plans))) + _t(" fit."))
         if not found.plans:
-            body <= html.P("Nothing fits: " + _value("reason", 0, found.reason()),
+            body <= html.P(_t("Nothing fits: ") + _value("reason", 0, found.reason()),
                            Class="labkit-calc-verdict")
             return body
         best = found.plans[0]
         d = best.memory.to_dict()
-        body <= html.P(f"The fastest plan's memory per GPU (limit {gb(best.limit_bytes)}):")
+        body <= html.P(_t("The fastest plan's memory per GPU (limit {limit}):",
+                          limit=gb(best.limit_bytes)))
         body <= _bar(d, TRAIN_PARTS, best.limit_bytes) + _numbers(d, TRAIN_PARTS, best.limit_bytes, "")
         table = html.TABLE(Class="labkit-calc-table labkit-calc-plans")
-        table <= html.TR([html.TH(label) for _, label in PLAN_COLUMNS])
+        table <= html.TR([html.TH(_t(label)) for _, label in PLAN_COLUMNS])
         for i, plan in enumerate(found.plans[:TOP]):
             row = plan.to_dict()
             row["total"] = plan.memory.total
@@ -283,9 +296,9 @@ def _bar(d, parts, capacity):
     bar = html.DIV(Class="labkit-calc-bar")
     for name in parts:
         if d[name] > 0:
-            bar <= html.DIV(Class=f"labkit-calc-seg labkit-calc-{name}", title=LABELS[name],
+            bar <= html.DIV(Class=f"labkit-calc-seg labkit-calc-{name}", title=_t(LABELS[name]),
                             style={"width": f"{100 * d[name] / scale:.3f}%"})
-    bar <= html.DIV(Class="labkit-calc-cap", title="GPU memory",
+    bar <= html.DIV(Class="labkit-calc-cap", title=_t("GPU memory"),
                     style={"left": f"{100 * capacity / scale:.3f}%"})
     return bar
 
@@ -294,12 +307,12 @@ def _numbers(d, parts, capacity, prefix):
     table = html.TABLE(Class="labkit-calc-table")
     for name in parts + ("total",):
         key = html.SPAN(Class=f"labkit-calc-key labkit-calc-{name}") if name != "total" else ""
-        table <= html.TR(html.TD(key + LABELS.get(name, "total per GPU"))
+        table <= html.TR(html.TD(key + _t(LABELS.get(name, "total per GPU")))
                          + html.TD(_value(prefix + name, d[name], gb(d[name]))))
     fits = d["total"] <= capacity
-    text = (f"fits in {gb(capacity)}" if fits
-            else f"does not fit: {gb(d['total'])} of {gb(capacity)}")
-    table <= html.TR(html.TD("GPU memory") + html.TD(_value(prefix + "fits", int(fits), text)))
+    text = (_t("fits in {capacity}", capacity=gb(capacity)) if fits
+            else _t("does not fit: {total} of {capacity}", total=gb(d["total"]), capacity=gb(capacity)))
+    table <= html.TR(html.TD(_t("GPU memory")) + html.TD(_value(prefix + "fits", int(fits), text)))
     return table
 
 
@@ -309,6 +322,6 @@ def main():
             Calculator(root)
         except Exception as e:  # show it in the page, where the reader looks
             root.clear()
-            root <= html.P(f"The calculator could not start: {type(e).__name__}: {e}",
+            root <= html.P(_t("The calculator could not start: ") + f"{type(e).__name__}: {e}",
                            Class="labkit-calc-error")
             root.attrs["data-ready"] = "error"
