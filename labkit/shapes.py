@@ -104,10 +104,11 @@ class ModelShape(ShapeProperties):
             if value % t:
                 raise ValueError(f"tp_size={t} must divide {name}={value} (each rank holds whole heads "
                                  f"and an equal share of d_ff); valid tp_size: "
-                                 f"{[d for d in range(1, self.n_head + 1) if self._divides_all(d)]}")
+                                 f"{[d for d in range(1, self.n_head + 1) if self.tp_divides(d)]}")
         return t
 
-    def _divides_all(self, t: int) -> bool:
+    def tp_divides(self, t: int) -> bool:
+        """Whether t divides the heads, the key-value heads and d_ff (see :meth:`check_tp_size`)."""
         return not (self.n_head % t or self.kv_heads % t or self.ffn_dim % t)
 
     def vocab_rows(self, tp_size: int = 1) -> int:

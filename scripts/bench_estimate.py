@@ -1,18 +1,85 @@
-"""Time labkit.estimate: one estimate, and a planner-sized sweep of configurations.
+"""labkit.estimate against measurement, and its speed.
 
-    python scripts/bench_estimate.py
+    python scripts/bench_estimate.py [--fake-layers N]
 
-A calculator in a browser runs the same code, so a sweep of thousands of configurations must
-take well under a second. Prints a table; asserts nothing (the tests do).
+Prints (1) the estimator's error against labkit's memory meter on the real model in one process
+on the CPU (Llama blocks with n_kv = a, a/2, 1; b = 1, 2; fp32 and bf16), (2) against PyTorch's
+MemTracker on one rank of Llama-2-7B (tp 2, and tp 2 x pp 2) and of Llama-2-70B (tp 8) traced
+under FakeTensorMode with torch's fake process group (N layers, default 4; 32 takes minutes), and (3) the time of
+one estimate and of a planner-sized sweep (a calculator in a browser runs the same code, so
+thousands of configurations must take well under a second). Asserts nothing: the tests do.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
-from labkit.estimate import serving_memory, training_memory
+from labkit.estimate import ModelShape, serving_memory, training_memory
+from labkit.shapes import preset
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = ("params", "grads", "optimizer", "activations")
+
+
+def _row(name: str, measured: dict, est, counters: int) -> str:
+    """One table row: each part's error in bytes and in percent (the step counters of torch's
+    Adam, 4 bytes a tensor on the host on a GPU, are added to the estimate's optimizer)."""
+    want = {**{k: getattr(est, k) for k in FIELDS}, "optimizer": est.optimizer + counters}
+    cells = [f"{measured[k] - want[k]:+d} B ({100 * (measured[k] / want[k] - 1):+.3f}%)" if want[k] else "-"
+             for k in FIELDS]
+    return f"{name:<34}" + "".join(f"{c:>26}" for c in cells)
+
+
+def meter_rows() -> list[str]:
+    """The estimator against labkit's memory meter, one process, CPU."""
+    import torch
+
+    from labkit.memory import measure_forward_backward, measure_step
+    from labkit.model import GPTConfig, build_model
+    from labkit.precision import make_optimizer
+
+    rows = []
+    for kv, b, (dtype, precision, policy) in itertools.product(
+            (4, 2, 1), (1, 2), ((torch.float32, "fp32", "fp32"), (torch.bfloat16, "bf16-mixed", "mixed"))):
+        cfg = GPTConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=kv, d_ff=96, vocab_size=128, seq_len=16,
+                        norm="rmsnorm", mlp="swiglu", pos="rope", tie_embeddings=False, bias=False)
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(0)
+        batch = tuple(torch.randint(128, (b, 16), generator=gen) for _ in range(2))
+        model = build_model(cfg, dtype=dtype)
+        acts = measure_forward_backward(model, batch).activations
+        states = measure_step(model, make_optimizer(model.parameters(), policy, "adamw", lr=1e-3), batch)
+        got = {"params": states.max_by_category["parameters"], "grads": states.max_by_category["gradients"],
+               "optimizer": states.max_by_category["optimizer"], "activations": acts}
+        est = training_memory(ModelShape.from_config(cfg), seq_len=16, micro_batch=b, precision=precision)
+        rows.append(_row(f"meter: n_kv={kv} b={b} {precision}", got, est, 4 * len(list(model.parameters()))))
+    return rows
+
+
+def fake_rows(n_layer: int) -> list[str]:
+    """The estimator against MemTracker on one fake rank (tests/test_estimate_fake.py)."""
+    rows = []
+    for name, tp, pp in (("llama-2-7b", 2, 1), ("llama-2-7b", 2, 2), ("llama-2-70b", 8, 1)):
+        out = subprocess.run([sys.executable, str(ROOT / "tests" / "test_estimate_fake.py"), name, str(n_layer),
+                              str(tp), str(pp)], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1800)
+        if out.returncode:
+            rows.append(f"fake tp={tp} pp={pp}: failed: {out.stderr.strip().splitlines()[-1]}")
+            continue
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        dims = SimpleNamespace(dp_size=1, tp_size=tp, pp_size=pp, cp_size=1)
+        est = training_memory(preset(name).replace(n_layer=n_layer), seq_len=4096, micro_batch=1,
+                              dims=dims, precision="bf16", num_microbatches=2 * pp)
+        rows.append(_row(f"fake: {name} L={n_layer} tp={tp} pp={pp}", got, est, 4 * got["n_tensors"]))
+    return rows
 
 
 def _divisors(n: int) -> list[int]:
@@ -37,6 +104,13 @@ def sweep(shape: str = "llama-3-70b", n_gpus: int = 64, seq_len: int = 8192) -> 
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fake-layers", type=int, default=4, help="Llama-2-7B layers to trace (0: skip)")
+    args = parser.parse_args()
+    print(f"{'case':<34}" + "".join(f"{k + ' error':>26}" for k in FIELDS))
+    for row in meter_rows() + (fake_rows(args.fake_layers) if args.fake_layers > 0 else []):
+        print(row)
+    print()
     dims = SimpleNamespace(dp_size=8, tp_size=8, pp_size=1, cp_size=1)
     start = time.perf_counter()
     est = training_memory("llama-3-70b", seq_len=8192, micro_batch=1, dims=dims, zero_stage=3,

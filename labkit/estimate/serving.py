@@ -69,12 +69,13 @@ def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_by
     """The KV cache one GPU of ``tp_size`` holds, by vLLM's rule.
 
     budget = ``gpu_memory_utilization`` x memory; KV cache = budget - weights (this rank's
-    parameters x ``weight_bytes``) - forward peak - ``non_torch_bytes``. Assumed forward peak: a
-    profiling batch of ``profile_tokens`` tokens through one layer at a time, without autograd
-    and with a FlashAttention-style kernel (no s^2 scores): the residual stream, its norm and the
-    attention output (3 h/t... ), the MLP's two (d_ff/t)-wide inputs, and fp32 logits of one token
-    per sequence being negligible, left out; e = ``weight_bytes``. When t exceeds the KV heads,
-    each rank keeps one KV head (vLLM replicates them).
+    parameters x ``weight_bytes``) - forward peak - ``non_torch_bytes``. The forward peak is
+    assumed, not profiled: vLLM's profiling batch of ``profile_tokens`` tokens runs without
+    autograd and with a FlashAttention-style kernel (no s^2 scores), so at most one layer's tensors
+    live at once: the residual stream, the norm's output and the attention output (3h a token,
+    whole on every rank) and the MLP's gate and up outputs (2 d_ff/t), in ``weight_bytes``; the
+    logits of one token a sequence are left out. When t exceeds the KV heads, each rank keeps one
+    KV head (vLLM replicates them).
     """
     shape = as_shape(shape)
     g = get_gpu(gpu)
@@ -101,6 +102,6 @@ def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_by
 def _weights_per_rank(shape, t: int) -> int:
     """Parameters on one of t ranks: the tensor-parallel split when t divides every dimension,
     else (KV heads replicated) Ψ/t rounded up, an estimate."""
-    if shape._divides_all(t):
+    if shape.tp_divides(t):
         return shape.stage_params(t)
     return -(-shape.num_params() // t)

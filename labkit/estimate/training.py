@@ -97,9 +97,18 @@ def training_memory(shape, *, seq_len: int, micro_batch: int, dims=None, zero_st
     ``shape``: a ``ModelShape`` (or a preset name, a ``GPTConfig``, a config.json dict);
     ``dims``: any object with ``dp_size``, ``tp_size``, ``pp_size``, ``cp_size`` (such as
     ``labkit.parallel.ParallelDims``; None: one GPU). ZeRO shards the model states over the
-    dp x cp ranks that hold the same parameters; context parallelism divides the sequence.
+    dp x cp ranks that hold the same parameters; context parallelism divides the sequence (each
+    rank's attention scores counted over its s/cp queries and s/cp keys: one block of a ring).
     ``precision``: one of :data:`PRECISIONS`; ``offload``: the gradients and optimizer states
     live on the CPU (ZeRO-Offload), the GPU keeps the parameters.
+
+    Activations are those of labkit's model, whose attention materialises the (a, s, s) scores
+    (the 5as/h term): selective recomputation drops them, as a FlashAttention kernel would.
+    Model states are exact, for one flat group per rank padded as ZeRO pads; torch's Adam also
+    keeps a 4-byte step count per tensor, on the host unless the optimizer is fused, not counted.
+    ``transient`` is an estimate (the meter's peak is not compared with ``total``); it counts no
+    communication bucket, since labkit's bucketed data parallelism makes the gradients views of
+    its buckets (torch's DDP copies into 25 MB buckets: add them for it).
     """
     shape = as_shape(shape)
     dp, tp, pp, cp = _degrees(dims)
@@ -157,6 +166,8 @@ def _stage_estimate(shape, stage, dp, tp, pp, cp, *, seq_len, micro_batch, zero_
     if zero_stage == 3 and dp * cp > 1:  # one layer's parameters gathered whole, and their gradients
         one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, optimizer)
         transient += one.params + one.grads
+    if stage < pp - 1:  # each micro-batch's output, sent on and kept until its backward (b s h, /t with SP)
+        activations += in_flight * s * b * shape.d_model * e // (t if sequence_parallel else 1)
     if stage == pp - 1:  # the final norm and the loss's log-softmax (b s V/t), kept; the logits
         activations += in_flight * head_bytes(s, b, shape.d_model, shape.vocab_size, norm=shape.norm,
                                               dtype_bytes=e, tp_size=t, sequence_parallel=sequence_parallel)

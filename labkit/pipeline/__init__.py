@@ -34,9 +34,11 @@ def _load() -> dict:
 def __getattr__(name: str):
     """Load the torch-side exports (and submodules) on first use."""
     if name in __all__:
-        return _load()[name]
+        exports = _load()
+        globals().update(exports)  # as the eager imports did: an export wins over a submodule of its name
+        return exports[name]
     if name in _SUBMODULES:
-        _load()
+        globals().update(_load())
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -26,6 +26,7 @@ from ..hardware import get_gpu, peak_flops
 from ..memory.analytic import RECOMPUTE, korthikanti_activation_bytes
 from ..model import GPTConfig, training_flops
 from ..pipeline.analytic import bubble_fraction, max_in_flight
+from ..shapes import ModelShape
 from ..validate import check_choice, check_float, check_int, check_positive
 from ..zero.analytic import zero_bytes_per_param
 
@@ -84,10 +85,10 @@ def _layer_bytes(cfg: GPTConfig, b: int, t: int, recompute: str, sp: bool) -> tu
 
 
 def _stage_params(cfg: GPTConfig, t: int, p: int) -> float:
-    """Parameters per GPU of a stage, as the planner approximates them: (L/p)(12h² + 13h)/t plus
-    the embedding and position tables divided by t (``ModelShape.stage_params`` counts them exactly)."""
-    h = cfg.d_model
-    return (cfg.n_layer // p) * (12 * h * h + 13 * h) / t + (cfg.vocab_size + cfg.seq_len) * h / t
+    """Parameters per GPU of a stage, as the planner approximates them: L/p blocks and the
+    embeddings, all divided by t (``ModelShape.stage_params`` places and splits each exactly)."""
+    shape = ModelShape.from_config(cfg)
+    return (cfg.n_layer // p) * shape.layer_params() / t + shape.embedding_params() / t
 
 
 def plan_memory(cfg: GPTConfig, t: int, p: int, dp: int, micro_batch: int, num_microbatches: int,
