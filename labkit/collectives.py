@@ -1,9 +1,11 @@
 """Collectives every parallel technique is built from, with the group passed explicitly.
 
 Flat all-gather and reduce-scatter of 1-D shards, an in-place all-reduce mean, broadcasting
-rank 0's tensors, the check that every rank holds the same tensors, and running a callback
-once the current backward pass has finished. ZeRO (Chapter 2), tensor parallelism (Chapter 5)
-and 3D parallelism (labkit.runs) import these; no technique imports another. The pipeline's
+rank 0's tensors, the check that every rank holds the same tensors, running a callback
+once the current backward pass has finished (``FinishAfterBackward``), making every rank start
+from rank 0's state (``sync_initial_state``) and cutting tensors into communication buckets
+(``buckets_by_numel``). Data parallelism, ZeRO (Chapter 2), tensor parallelism (Chapter 5)
+and 3D parallelism (labkit.parallel) import these; no technique imports another. The pipeline's
 point-to-point sends and receives are its own.
 """
 
@@ -12,10 +14,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .validate import check_bool, check_int
+from .validate import check_bool, check_choice, check_int
 
 __all__ = ["all_gather_flat", "reduce_scatter_flat", "all_reduce_mean_", "broadcast_from_rank0",
-           "check_same_across_ranks", "queue_after_backward", "group_src"]
+           "check_same_across_ranks", "queue_after_backward", "group_src", "FinishAfterBackward", "INIT_SYNCS",
+           "check_init_sync", "sync_initial_state", "buckets_by_numel"]
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single; older
 # releases (Colab's torch, say) only have the old names. Both run the same c10d op.
@@ -103,3 +106,56 @@ def broadcast_from_rank0(tensors, group=None) -> None:
 def queue_after_backward(callback) -> None:
     """Run ``callback`` once the current backward pass has finished (as FSDP does)."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+# How a wrapper makes the ranks start from the same state: copy rank 0's parameters and buffers
+# to every rank (torch's DistributedDataParallel does this), or refuse ranks that differ.
+INIT_SYNCS = ("broadcast", "check")
+
+
+def check_init_sync(init_sync: str) -> str:
+    """Return ``init_sync`` if it is one of :data:`INIT_SYNCS`; else raise ValueError listing them."""
+    return check_choice("init_sync", init_sync, INIT_SYNCS)
+
+
+def sync_initial_state(named_params, named_buffers=(), *, group=None, init_sync: str = "broadcast") -> None:
+    """Broadcast rank 0's parameters and buffers to every rank (``"broadcast"``, one collective
+    per tensor), or raise ValueError on every rank if the parameters differ (``"check"``)."""
+    if check_init_sync(init_sync) == "broadcast":
+        broadcast_from_rank0([t for _, t in list(named_params) + list(named_buffers)], group)
+    else:
+        check_same_across_ranks(named_params, group)
+
+
+class FinishAfterBackward:
+    """``arm()`` from inside backward makes ``callback`` run once, when that backward pass ends.
+
+    Any number of ``arm()`` calls in one pass queue the callback once (as DDP's and FSDP's
+    final callbacks do); the next pass arms it again.
+    """
+
+    def __init__(self, callback):
+        self.callback, self.armed = callback, False
+
+    def arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            queue_after_backward(self._run)
+
+    def _run(self) -> None:
+        self.armed = False
+        self.callback()
+
+
+def buckets_by_numel(items, numel, bucket_numel: int | None) -> list[list]:
+    """Consecutive runs of ``items`` of at most ``bucket_numel`` elements each (``numel(item)``);
+    an item larger than that gets a bucket of its own; None: one bucket for everything."""
+    buckets, current, size = [], [], 0
+    for item in items:
+        n = numel(item)
+        if current and bucket_numel is not None and size + n > bucket_numel:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += n
+    return buckets + ([current] if current else [])

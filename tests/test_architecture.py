@@ -21,10 +21,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LABKIT = ROOT / "labkit"
 # One package (or module) per technique; they may import the core, never each other.
-TECHNIQUES = ("zero", "checkpoint", "accumulate", "tensor_parallel", "pipeline", "flash_attention",
-              "paged_attention")
-# The only modules whose job is to compose techniques: what a lab's ranks run, 3D parallelism.
-COMPOSING = ("runs", "estimate", "plan")  # estimate and plan compose the techniques' formulas, never their mechanisms
+TECHNIQUES = ("zero", "data_parallel", "checkpoint", "accumulate", "tensor_parallel", "pipeline",
+              "flash_attention", "paged_attention")
+# The only modules whose job is to compose techniques: what a lab's ranks run (runs), and the
+# layer that shards one model by several techniques at once (parallel).
+COMPOSING = ("runs", "parallel", "estimate", "plan")  # estimate and plan compose formulas, never mechanisms
 MAX_LINES = 300
 
 
@@ -81,7 +82,7 @@ def test_the_graph_is_read_from_the_source():
     graph = _graph()
     # known edges of each kind: relative, absolute, from a package, inside a function
     assert "labkit.zero.flat" in graph["labkit.zero.stage1"]
-    assert "labkit.collectives" in graph["labkit.zero.ddp"]
+    assert "labkit.collectives" in graph["labkit.data_parallel.ddp"]
     assert "labkit.zero" in graph["labkit.runs.zero"]
     assert {"labkit.device"} <= graph["labkit"]
 

@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from labkit.memory import model_state_bytes
-from labkit.zero import (DataParallelBucketed, FlatLayout, FullyShardedModule, ShardedGradOptimizer,
+from labkit.collectives import buckets_by_numel
+from labkit.data_parallel import DataParallelBucketed
+from labkit.zero import (FlatLayout, FullyShardedModule, ShardedGradOptimizer,
                          ShardedOptimizer, analytic_comm_volume, check_elementwise_optimizer, comm_volume,
                          offload_savings, padded_numel, shard_numel, shard_range, zero_model_state_bytes)
-from labkit.zero.flat import buckets_by_numel, param_slice
+from labkit.zero.flat import param_slice
 
 
 @pytest.mark.parametrize("numel,world_size", [(10, 4), (3, 4), (12, 3), (0, 2), (1, 1)])

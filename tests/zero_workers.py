@@ -21,8 +21,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from labkit.dist import CommCounter
 from labkit.memory.meter import optimizer_tensors, train_step
 from labkit.runs.zero import build, make_model, train_rank
-from labkit.zero import (CheckpointError, DataParallelBucketed, DataParallelNaive, FullyShardedModule,
-                         ShardedGradOptimizer, ShardedOptimizer, load_sharded, save_sharded)
+from labkit.data_parallel import DataParallelBucketed, DataParallelNaive
+from labkit.zero import (CheckpointError, FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer, load_sharded,
+                         save_sharded)
 
 TOY_KINDS = ("single", "ddp_naive", "ddp_bucketed", "zero1", "zero2", "zero3")
 

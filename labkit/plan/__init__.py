@@ -8,9 +8,9 @@ micro-batch and accumulation fit a model on a cluster, and how many requests a G
 ``python -m labkit.plan`` is the command line (``cli``).
 """
 
-from .planner import RECOMPUTE, TERMS, Overflow, TrainingPlan, TrainingPlans, plan_training
+from .planner import RECOMPUTE, TERMS, Overflow, TrainingPlan, TrainingPlans, overflow_term, plan_training
 from .serving import ServingPlan, ServingPlans, plan_serving
 from .steptime import StepTime, step_flops, step_time
 
-__all__ = ["plan_training", "TrainingPlan", "TrainingPlans", "Overflow", "RECOMPUTE", "TERMS",
+__all__ = ["plan_training", "TrainingPlan", "TrainingPlans", "Overflow", "overflow_term", "RECOMPUTE", "TERMS",
            "plan_serving", "ServingPlan", "ServingPlans", "StepTime", "step_time", "step_flops"]

@@ -119,6 +119,13 @@ def _serve(args, fail):
                         gpu_memory_utilization=args.gpu_memory_utilization)
 
 
+def _as_flags(message: str, args) -> str:
+    """``num_gpus=0 must ...`` -> ``--num-gpus 0 must ...`` for the options this command has."""
+    for name in vars(args):
+        message = message.replace(f"{name}=", f"--{name.replace('_', '-')} ")
+    return message
+
+
 def main(argv=None) -> int:
     from .table import listing, serving_table, training_table
 
@@ -132,8 +139,8 @@ def main(argv=None) -> int:
     fail = parser._subparsers._group_actions[0].choices[args.command].error
     try:
         result = (_train if args.command == "train" else _serve)(args, fail)
-    except ValueError as e:  # the library's checks name the argument
-        fail(str(e))
+    except ValueError as e:  # the library's checks name the argument; say it as the flag
+        fail(_as_flags(str(e), args))
     shown = result.plans[:args.top]
     if args.json:
         print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in shown],

@@ -18,7 +18,7 @@ from ..validate import check_bool, check_choice, check_float, check_int, check_p
 from .sweep import Dims, flops_of, layouts, pipeline_bubble, pipeline_choices, training_memory
 from .steptime import StepTime, step_flops, step_time
 
-__all__ = ["TrainingPlan", "TrainingPlans", "Overflow", "plan_training", "RECOMPUTE", "TERMS"]
+__all__ = ["TrainingPlan", "TrainingPlans", "Overflow", "overflow_term", "plan_training", "RECOMPUTE", "TERMS"]
 
 RECOMPUTE = ("none", "selective", "full")
 TERMS = ("params", "grads", "optimizer", "activations", "transient")
@@ -144,7 +144,7 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
                   network_gbps: float = 25.0, memory_fraction: float = 0.9) -> TrainingPlans:
     """Every configuration of ``shape`` on ``num_gpus`` x ``gpu`` that fits, fastest first.
 
-    t divides n_head, n_kv_head and gpus_per_node; p divides n_layer; t p N_d = num_gpus; N_d b
+    t divides n_head, n_kv_head, d_ff and gpus_per_node; p <= n_layer; t p N_d = num_gpus; N_d b
     divides ``global_batch`` (m = global_batch / (N_d b) micro-batches a pipeline); v > 1 needs
     p > 1, v p dividing n_layer and p dividing m; ``offload``: (False,), or (False, True) to weigh
     ZeRO-Offload too. ``network_gbps``: GB/s per GPU between nodes,

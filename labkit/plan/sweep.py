@@ -33,13 +33,14 @@ def _divisors(n: int) -> list[int]:
 
 
 def layouts(shape, num_gpus: int, gpus_per_node: int) -> list[tuple[int, int, int]]:
-    """(t, p, N_d) with t p N_d = num_gpus: t divides n_head, n_kv_head and gpus_per_node (a tensor
-    group stays in a node); p divides n_layer."""
+    """(t, p, N_d) with t p N_d = num_gpus: t divides n_head, n_kv_head, d_ff and gpus_per_node (a
+    tensor group stays in a node); p is at most n_layer (stages of unequal layer counts when p does
+    not divide it: the estimator sizes the most loaded)."""
     out = []
     for t in _divisors(shape.n_head):
-        if shape.kv_heads % t or gpus_per_node % t or num_gpus % t:
+        if shape.kv_heads % t or shape.ffn_dim % t or gpus_per_node % t or num_gpus % t:
             continue
-        out += [(t, p, num_gpus // (t * p)) for p in _divisors(shape.n_layer) if (num_gpus // t) % p == 0]
+        out += [(t, p, num_gpus // (t * p)) for p in _divisors(num_gpus // t) if p <= shape.n_layer]
     return out
 
 

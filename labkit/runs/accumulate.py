@@ -8,7 +8,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..accumulate import accumulate_gradients_ddp, accumulate_gradients_ddp_naive, global_token_count, split_microbatches
 from ..dist import CommCounter
 from ..model import build_model
-from ..zero import DataParallelBucketed
+from ..data_parallel import DataParallelBucketed
 
 __all__ = ["ddp_window_worker", "WRAPPERS"]
 

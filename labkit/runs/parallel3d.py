@@ -1,13 +1,14 @@
 """Data x tensor x pipeline parallelism (Chapter 6): labkit's GPT trained on a (N_d, p, t) grid.
 
-The ranks form a ``DeviceMesh`` of shape (dp, pp, tp), tensor parallelism innermost (consecutive
-ranks: inside a node), the pipeline next, data parallelism outermost. Every rank builds the same
-seeded model, cuts its pipeline ranges, shards it over its "tp" group with
-:func:`labkit.tensor_parallel.apply_tensor_parallel` and keeps the chunks of its stage. A step:
-the replica's share of the global batch through the pipeline schedule (tensor-parallel
-collectives inside each chunk, sends between stages), the tied embedding's gradient summed
-between the two ends, sequence-parallel gradients summed over "tp", all gradients averaged over
-"dp", one SGD step. A degree of 1 leaves its axis out, so the 2-D pairs run through the same code.
+The ranks form the ``DeviceMesh`` of :class:`labkit.parallel.ParallelDims` (axes dp, pp, cp, tp;
+cp of size 1 here), tensor parallelism innermost (consecutive ranks: inside a node), the pipeline
+next, data parallelism outermost. Every rank builds the same seeded model and hands it to
+:func:`labkit.parallel.parallelize_gpt`, which cuts its pipeline ranges, shards it over its "tp"
+group and keeps the chunks of its stage. A step of the plain loop: the replica's share of the
+global batch through the pipeline schedule (tensor-parallel collectives inside each chunk, sends
+between stages), the tied embedding's gradient summed between the two ends, sequence-parallel
+gradients summed over "tp", all gradients averaged over "dp" (all inside ``forward_backward``),
+one SGD step. A degree of 1 keeps its axis, of size 1, so the 2-D pairs run through the same code.
 
 ``parallel_3d_rank`` also trains the unsharded model in one process on the same batches and cuts
 its updated weights with the same sharding, so that each rank returns what it holds beside what
@@ -19,26 +20,14 @@ from __future__ import annotations
 import copy
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
 
-from ..collectives import all_reduce_mean_
 from ..dist import rank_device
 from ..model import build_model, get_preset
-from ..pipeline import check_same_model, split_stages
+from ..parallel import ParallelDims, parallelize_gpt
 from ..tensor_parallel import apply_tensor_parallel
-from ..validate import check_int
-from .pipeline import make_batch, train_pipeline
+from .pipeline import make_batch
 
-__all__ = ["mesh_coords", "train_3d", "reference_train", "parallel_3d_rank"]
-
-
-def mesh_coords(rank: int, dp_size: int, pp_size: int, tp_size: int) -> tuple[int, int, int]:
-    """(data replica, pipeline stage, tensor rank) of a global rank on the (N_d, p, t) mesh."""
-    for name, value in (("dp_size", dp_size), ("pp_size", pp_size), ("tp_size", tp_size)):
-        check_int(name, value, 1)
-    check_int("rank", rank, 0, dp_size * pp_size * tp_size - 1)  # a rank of the N_d x p x t grid
-    d, rest = divmod(rank, pp_size * tp_size)
-    return (d, *divmod(rest, tp_size))
+__all__ = ["train_3d", "reference_train", "parallel_3d_rank"]
 
 
 def _batches(cfg, global_batch: int, steps: int, seed: int):
@@ -68,49 +57,35 @@ def train_3d(rank: int, world_size: int, dp_size: int, tp_size: int, pp_size: in
              global_batch: int = 8, seed: int = 0, lr: float = 0.1, dtype: torch.dtype = torch.float32) -> dict:
     """Train ``steps`` SGD steps on the (N_d, p, t) grid with m micro-batches, in ``dtype``; this rank's view.
 
-    Returns {"coords" (d, stage, tp rank), "losses" (per step, the replica's m micro-batch losses;
-    on the last stage only), "params" {name: this rank's updated shard}, "model" (the sharded
-    model), "mesh", "ranges" (the pipeline's layer ranges)}.
+    The model is composed by :func:`labkit.parallel.parallelize_gpt` (plain data parallelism over
+    "dp") and trained by a plain loop. Returns {"coords" (d, stage, tp rank), "losses" (per step,
+    the replica's m micro-batch losses; on the last stage only), "params" {name: this rank's
+    updated shard}, "model" (the sharded model), "mesh", "ranges" (the pipeline's layer ranges)}.
     """
-    dp, tp, pp, m = dp_size, tp_size, pp_size, num_microbatches  # N_d, t, p, m
-    if dp * tp * pp != world_size:
-        raise ValueError(f"dp_size={dp} x tp_size={tp} x pp_size={pp} must equal world_size={world_size}")
-    if global_batch % (dp * m):
-        raise ValueError(f"global_batch={global_batch} must split into dp_size={dp} replicas of "
-                         f"num_microbatches={m} micro-batches")
-    if sequence_parallel and tp == 1:
+    dims = ParallelDims(dp_size=dp_size, tp_size=tp_size, pp_size=pp_size)
+    dims.check_world_size(world_size)
+    if global_batch % (dp_size * num_microbatches):
+        raise ValueError(f"global_batch={global_batch} must split into dp_size={dp_size} replicas of "
+                         f"num_microbatches={num_microbatches} micro-batches")
+    if sequence_parallel and tp_size == 1:  # refused before any process group is built
         raise ValueError("sequence_parallel=True needs tp_size > 1")
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     dev = rank_device()
-    mesh = init_device_mesh(dev.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-    d, stage, r = mesh_coords(rank, dp, pp, tp)
-    pp_ranks = mesh.mesh[d, :, r].tolist()  # the global ranks of this rank's pipeline
-    tp_group, pp_group, dp_group = (mesh.get_group(n) for n in ("tp", "pp", "dp"))
     torch.manual_seed(seed)
     model = build_model(cfg).to(dev, dtype)
-    check_same_model(model)  # every rank cuts its shard and its stage from the same model
-    ranges = split_stages(model, pp, v=v)  # cut by the unsharded model's parameters
-    if tp > 1:
-        apply_tensor_parallel(model, tp_group, sequence_parallel)
-    rows = slice(d * global_batch // dp, (d + 1) * global_batch // dp)  # this replica's sequences
-    seq = cfg.seq_len // tp if sequence_parallel else cfg.seq_len  # what stages exchange
-    held = opt = None
+    mesh = dims.build_mesh(dev.type)
+    pm = parallelize_gpt(model, dims, mesh, sequence_parallel=sequence_parallel, schedule=schedule,
+                         num_microbatches=num_microbatches, v=v)
+    opt = pm.build_optimizer(torch.optim.SGD, lr=lr)
     losses = []
     for x, y in _batches(cfg, global_batch, steps, seed):
-        model.zero_grad(set_to_none=True)
-        res = train_pipeline(stage, pp, schedule, m, v, cfg=cfg, group=pp_group, ranks=pp_ranks, model=model,
-                             batch=(x[rows].to(dev), y[rows].to(dev)), ranges=ranges, loss_fn=model.loss,
-                             act_shape=(global_batch // (dp * m), seq, cfg.d_model), check_init=False,
-                             count_saved=False)  # the tied embedding's gradient is summed in the step
-        if held is None:  # the parameters of this stage: those that received a gradient
-            held = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
-            opt = torch.optim.SGD([p for _, p in held], lr=lr)
-        for _, p in held:
-            all_reduce_mean_(p.grad, dp, group=dp_group)
+        opt.zero_grad(set_to_none=True)
+        pm.forward_backward(*(t.to(dev) for t in pm.shard_batch(x, y)))
         opt.step()
-        losses.append(res["losses"])
-    return {"coords": (d, stage, r), "losses": losses, "ranges": ranges, "model": model, "mesh": mesh,
-            "params": {n: p.detach().to("cpu", copy=True) for n, p in held}}
+        losses.append(pm.last_losses)
+    d, stage, _, r = pm.coords
+    return {"coords": (d, stage, r), "losses": losses, "ranges": pm.ranges, "model": model, "mesh": mesh,
+            "params": {n: p.detach().to("cpu", copy=True) for n, p in pm.named_parameters()}}
 
 
 def parallel_3d_rank(rank: int, world_size: int, cases=(), steps: int = 2, cfg="tiny", global_batch: int = 8,

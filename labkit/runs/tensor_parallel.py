@@ -18,12 +18,12 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
 
 from ..checkpoint import apply_checkpointing
 from ..dist import CommCounter, rank_device
 from ..memory import MemoryMeter
 from ..model import build_model
+from ..parallel import ParallelDims
 from ..tensor_parallel import RECOMPUTE
 from .tensor_parallel_ref import (check_mesh, make_batch, named_tensors, reference_step, roundoff, roundoff_named,
                                   sharded_copy, sharded_like)
@@ -165,7 +165,7 @@ def tp_rank(rank, world_size, cfg, batch_size=2, tp_sizes=None, dtensor=True, re
     refs = _references(full, x, y)
     results = {}
     for t in tp_sizes:
-        mesh = init_device_mesh(dev.type, (world_size // t, t), mesh_dim_names=("dp", "tp"))
+        mesh = ParallelDims(dp_size=world_size // t, tp_size=t).build_mesh(dev.type)
         group = mesh.get_group("tp")
         for sp in (False, True):
             model = sharded_copy(full, group, sp)
@@ -210,7 +210,7 @@ def bench_rank(rank, world_size, cfg, batch_size=2, tp_sizes=(1, 2, 4), steps=5,
     full = build_model(cfg, device=dev)
     out = {}
     for t in tp_sizes:
-        mesh = init_device_mesh(dev.type, (world_size // t, t), mesh_dim_names=("dp", "tp"))
+        mesh = ParallelDims(dp_size=world_size // t, tp_size=t).build_mesh(dev.type)
         group, sp = mesh.get_group("tp"), sequence_parallel and t > 1
         ours = sharded_copy(full, group, sp, shard=t > 1)
         theirs = apply_dtensor_tp(copy.deepcopy(full), mesh["tp"], sp) if t > 1 else copy.deepcopy(full)

@@ -11,13 +11,11 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from ..dist import CommCounter, rank_device
 from ..model import build_model
+from ..parallel import ParallelDims, parallelize_gpt
 from ..tensor_parallel import sync_sequence_parallel_grads
-from ..zero import ShardedOptimizer
 from .tensor_parallel_ref import (check_mesh, make_batch, named_tensors, roundoff, roundoff_named, sharded_copy,
                                   sharded_like)
 
@@ -84,7 +82,7 @@ def tp_train_rank(rank, world_size, cfg, tp_sizes=(2, 4), steps=3, lr=0.1, batch
     refs = _references(full, batches, lr)
     out = {}
     for t in tp_sizes:
-        group = init_device_mesh(dev.type, (world_size // t, t), mesh_dim_names=("dp", "tp")).get_group("tp")
+        group = ParallelDims(dp_size=world_size // t, tp_size=t).build_mesh(dev.type).get_group("tp")
         model = sharded_copy(full, group, sequence_parallel)
         losses, explicit = _plain_loop(model, batches, torch.optim.SGD(model.parameters(), lr=lr), group)
         want = {k: sharded_like(m, group, sequence_parallel) for k, (_, m) in refs.items()}
@@ -97,31 +95,28 @@ def tp_train_rank(rank, world_size, cfg, tp_sizes=(2, 4), steps=3, lr=0.1, batch
 
 
 def tp_zero1_rank(rank, world_size, cfg, batch_size=4, steps=3, lr=0.1, dp_size=2, sequence_parallel=False):
-    """TP over the mesh's "tp" axis, labkit's ZeRO-1 over its "dp" axis, a plain SGD loop, against
-    one process on the whole batch: per-rank losses, the one process's (float32 and float64) and
-    the (error, floor) of every parameter shard at the end."""
+    """TP over the mesh's "tp" axis, labkit's ZeRO-1 over its "dp" axis (composed by
+    :func:`labkit.parallel.parallelize_gpt`), a plain SGD loop, against one process on the whole
+    batch: per-rank losses, the one process's (float32 and float64) and the (error, floor) of
+    every parameter shard at the end."""
     check_mesh(world_size, dp_size=dp_size, batch_size=batch_size)
     dev = rank_device()
     if dev.type == "cpu":
         torch.set_num_threads(1)
-    tp_size = world_size // dp_size
-    mesh = init_device_mesh(dev.type, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
-    tp_group, dp_group = mesh.get_group("tp"), mesh.get_group("dp")
-    dp_rank = dist.get_rank(dp_group)
+    dims = ParallelDims(dp_size=dp_size, tp_size=world_size // dp_size)
+    mesh = dims.build_mesh(dev.type)
     torch.manual_seed(0)
     full = build_model(cfg, device=dev)
     batches = [make_batch(cfg, batch_size, seed=k, device=dev) for k in range(steps)]
     refs = _references(full, batches, lr)
-    model = sharded_copy(full, tp_group, sequence_parallel)
-    opt = ShardedOptimizer(model.parameters(), torch.optim.SGD, group=dp_group, lr=lr)
-    rows = slice(dp_rank * batch_size // dp_size, (dp_rank + 1) * batch_size // dp_size)
+    pm = parallelize_gpt(sharded_copy(full, None, sequence_parallel, shard=False), dims, mesh,
+                         sequence_parallel=sequence_parallel, zero_stage=1)
+    opt = pm.build_optimizer(torch.optim.SGD, lr=lr)
     losses = []
     for x, y in batches:
         opt.zero_grad(set_to_none=True)
-        loss = model(x[rows], y[rows])
-        loss.backward()
+        losses.append(pm.forward_backward(*pm.shard_batch(x, y)))
         opt.step()
-        losses.append(loss.item())
-    want = {k: sharded_like(m, tp_group, sequence_parallel) for k, (_, m) in refs.items()}
-    return {"losses": losses, "ref_losses": {k: r[0] for k, r in refs.items()}, "dp_rank": dp_rank,
-            "params": roundoff_named(named_tensors(model), want["32"], want["64"])}
+    want = {k: sharded_like(m, mesh.get_group("tp"), sequence_parallel) for k, (_, m) in refs.items()}
+    return {"losses": losses, "ref_losses": {k: r[0] for k, r in refs.items()}, "dp_rank": pm.coords.dp,
+            "params": roundoff_named(named_tensors(pm.model), want["32"], want["64"])}

@@ -21,9 +21,11 @@ from ..data import load_corpus
 from ..dist import CommCounter, rank_device
 from ..memory.meter import MemoryMeter, optimizer_tensors, train_step
 from ..model import Block, count_params
+from ..parallel import ParallelDims
+from ..data_parallel import DataParallelBucketed, DataParallelNaive
 from ..validate import check_int
-from ..zero import (DataParallelBucketed, DataParallelNaive, FullyShardedModule, OffloadOptimizer,
-                    ShardedGradOptimizer, ShardedOptimizer, load_sharded, save_sharded)
+from ..zero import (FullyShardedModule, OffloadOptimizer, ShardedGradOptimizer, ShardedOptimizer, load_sharded,
+                    save_sharded)
 from .zero_reference import adam_agreement, make_model, rank_batch, reference_run
 
 __all__ = ["BUILDERS", "KINDS", "RESUMABLE", "STAGE", "Built", "adam_agreement", "build", "make_model", "rank_batch",
@@ -166,8 +168,7 @@ def train_rank(rank, world_size, kinds=KINDS, steps=4, measure_step=2, *, preset
     device = rank_device()  # gloo ranks compute on the CPU
     mesh = None
     if any(k.startswith("fsdp2") for k in kinds):
-        from torch.distributed.device_mesh import init_device_mesh
-        mesh = init_device_mesh(device.type, (world_size,))
+        mesh = ParallelDims(dp_size=world_size).build_mesh(device.type)["dp"]  # torch's FSDP2: one axis
     save_dirs = checkpoint_dirs("save", save["dir"]) if save else {}
     resume_dirs = checkpoint_dirs("resume", resume) if resume else {}
     if any(k not in kinds for k in save_dirs):

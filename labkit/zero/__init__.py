@@ -2,10 +2,10 @@
 
 ``ShardedOptimizer`` (stage 1: optimizer states), ``ShardedGradOptimizer`` (stage 2: and
 gradients), ``FullyShardedModule`` (stage 3: and parameters), ``OffloadOptimizer``
-(ZeRO-Offload, Ren et al. 2021), the data-parallel baselines ``DataParallelNaive`` and
-``DataParallelBucketed``, sharded checkpoints that load at any world size
+(ZeRO-Offload, Ren et al. 2021), sharded checkpoints that load at any world size
 (``sharded_state``), the shard arithmetic they share (``flat``) and the paper's formulas
-(``analytic``).
+(``analytic``). The data-parallel baselines ZeRO is measured against, ``DataParallelNaive`` and
+``DataParallelBucketed``, are :mod:`labkit.data_parallel`.
 
 ``analytic`` imports no torch and is loaded at once; the mechanisms are loaded on first use.
 """
@@ -16,19 +16,18 @@ from .analytic import (STAGES, VOLUME_WEIGHT, OffloadSavings, analytic_comm_volu
 
 __all__ = [
     "ShardedOptimizer", "ShardedGradOptimizer", "FullyShardedModule", "OffloadOptimizer",
-    "DataParallelNaive", "DataParallelBucketed", "INIT_SYNCS", "check_elementwise_optimizer",
+    "INIT_SYNCS", "check_elementwise_optimizer",
     "save_sharded", "load_sharded", "verify_sharded", "CheckpointError",
     "shard_numel", "padded_numel", "shard_range", "FlatLayout",
     "zero_model_state_bytes", "zero_bytes_per_param", "STAGES", "VOLUME_WEIGHT", "comm_volume",
     "analytic_comm_volume", "OffloadSavings", "offload_savings",
 ]
-_SUBMODULES = ("comm", "ddp", "flat", "offload", "sharded_state", "stage1", "stage2", "stage3")
+_SUBMODULES = ("comm", "flat", "offload", "sharded_state", "stage1", "stage2", "stage3")
 
 
 def _load() -> dict:
     """Import the mechanisms (they need torch) and return their exports."""
-    from .comm import INIT_SYNCS
-    from .ddp import DataParallelBucketed, DataParallelNaive
+    from ..collectives import INIT_SYNCS
     from .flat import FlatLayout, shard_range
     from .offload import OffloadOptimizer
     from .sharded_state import CheckpointError, load_sharded, save_sharded, verify_sharded

@@ -1,56 +1,16 @@
-"""ZeRO's communication pieces: stage 3's gather as an autograd ``Function``, and the hook that
-finishes a gradient synchronisation once backward is over.
+"""ZeRO's communication piece: stage 3's gather as an autograd ``Function``.
 
-``sync_initial_state`` makes every rank start from rank 0's parameters (or checks that they do).
-The collectives themselves are the core's (:mod:`labkit.collectives`); what they move per step,
-measured and analytic, is in :mod:`labkit.zero.analytic`.
+The hook that finishes a gradient synchronisation once backward is over (``FinishAfterBackward``)
+and the initial sync of the ranks (``sync_initial_state``) are the core's, shared with data
+parallelism, as are the collectives themselves: :mod:`labkit.collectives`. What they move per
+step, measured and analytic, is in :mod:`labkit.zero.analytic`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..collectives import broadcast_from_rank0, check_same_across_ranks, queue_after_backward
-from ..validate import check_choice
-
-__all__ = ["AllGatherParams", "FinishAfterBackward", "INIT_SYNCS", "check_init_sync", "sync_initial_state"]
-
-# How a wrapper makes the ranks start from the same state: copy rank 0's parameters and buffers
-# to every rank (torch's DistributedDataParallel does this), or refuse ranks that differ.
-INIT_SYNCS = ("broadcast", "check")
-
-
-def check_init_sync(init_sync: str) -> str:
-    return check_choice("init_sync", init_sync, INIT_SYNCS)
-
-
-def sync_initial_state(named_params, named_buffers=(), *, group=None, init_sync: str = "broadcast") -> None:
-    """Broadcast rank 0's parameters and buffers to every rank (``"broadcast"``, one collective
-    per tensor), or raise ValueError on every rank if the parameters differ (``"check"``)."""
-    if check_init_sync(init_sync) == "broadcast":
-        broadcast_from_rank0([t for _, t in list(named_params) + list(named_buffers)], group)
-    else:
-        check_same_across_ranks(named_params, group)
-
-
-class FinishAfterBackward:
-    """``arm()`` from inside backward makes ``callback`` run once, when that backward pass ends.
-
-    Any number of ``arm()`` calls in one pass queue the callback once (as DDP's and FSDP's
-    final callbacks do); the next pass arms it again.
-    """
-
-    def __init__(self, callback):
-        self.callback, self.armed = callback, False
-
-    def arm(self) -> None:
-        if not self.armed:
-            self.armed = True
-            queue_after_backward(self._run)
-
-    def _run(self) -> None:
-        self.armed = False
-        self.callback()
+__all__ = ["AllGatherParams"]
 
 
 class AllGatherParams(torch.autograd.Function):

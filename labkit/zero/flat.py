@@ -15,7 +15,7 @@ import torch
 from ..validate import check_int
 from .analytic import padded_numel, shard_numel  # torch-free, so the estimator reads them
 
-__all__ = ["shard_numel", "padded_numel", "shard_range", "param_slice", "FlatLayout", "buckets_by_numel"]
+__all__ = ["shard_numel", "padded_numel", "shard_range", "param_slice", "FlatLayout"]
 
 
 def shard_range(numel: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -36,20 +36,6 @@ def param_slice(offset: int, numel: int, start: int, stop: int) -> tuple[int, in
     a = min(max(start - offset, 0), numel)
     b = max(min(stop - offset, numel), a)
     return a, b
-
-
-def buckets_by_numel(items, numel, bucket_numel: int | None) -> list[list]:
-    """Consecutive runs of ``items`` of at most ``bucket_numel`` elements each (``numel(item)``);
-    an item larger than that gets a bucket of its own; None: one bucket for everything."""
-    buckets, current, size = [], [], 0
-    for item in items:
-        n = numel(item)
-        if current and bucket_numel is not None and size + n > bucket_numel:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(item)
-        size += n
-    return buckets + ([current] if current else [])
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ import torch.nn as nn
 
 from torch.utils._pytree import tree_leaves
 
-from ..collectives import all_gather_flat, reduce_scatter_flat
+from ..collectives import (all_gather_flat, buckets_by_numel, check_init_sync, reduce_scatter_flat,
+                           sync_initial_state)
 from ..validate import check_int
-from .comm import check_init_sync, sync_initial_state
-from .flat import FlatLayout, buckets_by_numel, param_slice, shard_numel
+from .flat import FlatLayout, param_slice, shard_numel
 
 __all__ = ["ShardedOptimizer", "check_elementwise_optimizer"]
 

@@ -13,8 +13,7 @@ from functools import partial
 
 import torch
 
-from ..collectives import reduce_scatter_flat
-from .comm import FinishAfterBackward
+from ..collectives import FinishAfterBackward, reduce_scatter_flat
 from .stage1 import ShardedOptimizer
 
 __all__ = ["ShardedGradOptimizer"]

@@ -17,8 +17,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._pytree import tree_map
 
-from ..collectives import all_gather_flat, reduce_scatter_flat
-from .comm import AllGatherParams, FinishAfterBackward, check_init_sync, sync_initial_state
+from ..collectives import (FinishAfterBackward, all_gather_flat, check_init_sync, reduce_scatter_flat,
+                           sync_initial_state)
+from .comm import AllGatherParams
 from .flat import FlatLayout, param_slice, shard_numel
 
 __all__ = ["FullyShardedModule"]

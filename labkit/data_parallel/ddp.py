@@ -7,6 +7,9 @@ copies gradients into buckets of about ``bucket_numel`` elements and launches an
 all-reduce as soon as a bucket is complete, so communication overlaps the rest of backward
 (Li et al. 2020, the design of torch's DistributedDataParallel). Both start every rank from
 rank 0's parameters and buffers, and skip the all-reduce inside ``no_sync()``, as DDP does.
+``all_reduce_grads()`` averages, at once, what backward passes inside ``no_sync()`` accumulated:
+for a step whose backward is several autograd calls (a pipeline schedule runs one per
+micro-batch and chunk), as :mod:`labkit.parallel` composes it.
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..collectives import all_reduce_mean_
+from ..collectives import FinishAfterBackward, all_reduce_mean_, buckets_by_numel, sync_initial_state
 from ..validate import check_int
-from .comm import FinishAfterBackward, sync_initial_state
-from .flat import buckets_by_numel
 
 __all__ = ["DataParallelNaive", "DataParallelBucketed"]
 
@@ -37,6 +38,28 @@ class _DataParallel(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+    def _grad_buckets(self) -> list[list[nn.Parameter]]:
+        """The parameters whose gradients are averaged together, one list per collective."""
+        return [[p] for p in self.module.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def all_reduce_grads(self) -> None:
+        """Average every gradient over the group now, one collective per bucket, waiting for them.
+
+        For gradients accumulated inside ``no_sync()``; every rank of the group must hold
+        gradients for the same parameters (a parameter without one is skipped, on every rank).
+        """
+        works = []
+        for params in self._grad_buckets():
+            held = [p for p in params if p.grad is not None]
+            if held:
+                flat = torch.cat([p.grad.reshape(-1) for p in held])
+                works.append((held, flat, all_reduce_mean_(flat, self.world_size, self.group, async_op=True)))
+        for held, flat, work in works:
+            work.wait()
+            for p, part in zip(held, flat.split([p.numel() for p in held])):
+                p.grad.copy_(part.view_as(p.grad))
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -85,6 +108,9 @@ class DataParallelBucketed(_DataParallel):
         self._after_backward = FinishAfterBackward(self.finish_grad_sync)
         self._reset()
         self.launched_in_backward = 0
+
+    def _grad_buckets(self) -> list[list[nn.Parameter]]:
+        return self._buckets
 
     def _reset(self):
         self._flat = [None] * len(self._buckets)  # (Σ numel,) per bucket while it fills

@@ -1,0 +1,207 @@
+"""One GPT sharded by every technique at once, in one order: :func:`parallelize_gpt`.
+
+The order is torchtitan's ``parallelize_llama``: tensor (and sequence) parallelism over "tp",
+(context parallelism, later), the pipeline split over "pp", activation checkpointing of the
+blocks, then data parallelism or ZeRO over "dp". Each technique is labkit's own
+(:mod:`labkit.tensor_parallel`, :mod:`labkit.pipeline`, :mod:`labkit.checkpoint`,
+:mod:`labkit.data_parallel`, :mod:`labkit.zero`); this module only composes them.
+
+What comes back, a :class:`ParallelModel`, does every end-of-backward duty by itself: the
+sequence-parallel gradient sums over "tp" (the tensor-parallel layers' hook), the tied
+embedding's exchange between the first and last stage (the pipeline runtime), and the
+reduction over "dp" (after the step's last backward pass; ZeRO's inside its optimizer). A plain
+loop over it trains like one process::
+
+    pm = parallelize_gpt(model, dims, mesh, zero_stage=1, num_microbatches=2)
+    opt = pm.build_optimizer(torch.optim.SGD, lr=0.1)
+    for x, y in batches:                              # the global batch, the same on every rank
+        opt.zero_grad(set_to_none=True)
+        loss = pm.forward_backward(*pm.shard_batch(x, y))
+        opt.step()
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import apply_checkpointing
+from ..data_parallel import DataParallelBucketed
+from ..pipeline import SCHEDULES, build_chunks, check_same_model, make_schedule, run_schedule, split_stages
+from ..tensor_parallel import apply_tensor_parallel
+from ..validate import check_bool, check_choice, check_int
+from ..zero import FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer
+from .dims import AXES, ParallelDims
+
+__all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
+
+CHECKPOINTS = ("none", "full", "selective", "sqrt")  # the policies of labkit.checkpoint a run may name
+
+
+def _check_mesh(dims, mesh) -> None:
+    if not isinstance(dims, ParallelDims):
+        raise TypeError(f"dims={dims!r} must be a labkit.parallel.ParallelDims")
+    names, shape = tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.shape)
+    if names != AXES or shape != dims.sizes:
+        raise ValueError(f"mesh has axes {names} of sizes {shape}; dims needs axes {AXES} of sizes "
+                         f"{dims.sizes}: build it with dims.build_mesh(device_type)")
+
+
+def _check_combination(dims, sequence_parallel, zero_stage, checkpoint) -> None:
+    """Refuse what the techniques cannot do together (the list is in parallelize_gpt's docstring)."""
+    dims.require_no_cp("parallelize_gpt")
+    if sequence_parallel and dims.tp_size == 1:
+        raise ValueError("sequence_parallel=True needs tp_size > 1")
+    if zero_stage >= 2 and dims.pp_size > 1:
+        raise ValueError(f"zero_stage={zero_stage} with pp_size={dims.pp_size}: ZeRO-2 frees the tied "
+                         "embedding's gradient the pipeline's two ends exchange, ZeRO-3 gathers through "
+                         "the module's forward, which the pipeline's chunks bypass; use zero_stage 0 or 1")
+    if zero_stage >= 2 and sequence_parallel:
+        raise ValueError(f"zero_stage={zero_stage} with sequence_parallel=True: the sequence-parallel "
+                         "sum reads each gradient at the end of backward, after ZeRO-2/3 have moved it "
+                         "into their reduce-scatter; use zero_stage 0 or 1")
+    if zero_stage == 3 and checkpoint != "none":
+        raise ValueError(f"zero_stage=3 with checkpoint={checkpoint!r}: the recomputation would gather "
+                         "each unit again, outside ZeRO-3's forward; use checkpoint='none' or zero_stage <= 2")
+
+
+class ParallelModel:
+    """One rank's share of a GPT under :func:`parallelize_gpt`, and its training step.
+
+    ``model``: the (tensor-parallel) GPT, every part of it (a stage uses only its chunks);
+    ``chunks``: this rank's pipeline chunks; ``coords``: its place on the mesh. A step:
+    :meth:`forward_backward` on this data-parallel replica's rows (:meth:`shard_batch`), then the
+    optimizer of :meth:`build_optimizer`. ``data_parallel`` (stage 0) or ``fsdp`` (stage 3) are
+    the wrappers, when used.
+    """
+
+    def __init__(self, model, dims, mesh, *, sequence_parallel, zero_stage, num_microbatches, v,
+                 chunks, ranges, actions):
+        self.model, self.dims, self.mesh, self.zero_stage = model, dims, mesh, zero_stage
+        self.sequence_parallel, self.chunks, self.ranges = sequence_parallel, chunks, ranges
+        self.num_microbatches, self.v = num_microbatches, v
+        self.coords = dims.coords(dist.get_rank())
+        self.group = {axis: mesh.get_group(axis) for axis in AXES}
+        self.pp_ranks = [dims.rank_of(dp=self.coords.dp, pp=s, tp=self.coords.tp) for s in range(dims.pp_size)]
+        self.actions = actions
+        held = {id(p) for c in chunks for p in c.parameters()} if chunks else None
+        self._named = [(n, p) for n, p in model.named_parameters() if held is None or id(p) in held]
+        self.data_parallel = self.fsdp = self.optimizer = None
+        self.last_losses = []  # the micro-batch losses of the last forward_backward (last stage)
+        if zero_stage == 0 and dims.dp_size > 1:
+            self.data_parallel = DataParallelBucketed(model, group=self.group["dp"])
+        if zero_stage == 3:
+            self.fsdp = FullyShardedModule(model, group=self.group["dp"], unit_types=(type(model.blocks[0]),))
+
+    @property
+    def is_last_stage(self) -> bool:
+        """Whether this rank holds the pipeline's last stage (and so the loss)."""
+        return self.coords.pp == self.dims.pp_size - 1
+
+    def named_parameters(self):
+        """(name, parameter) of what this rank holds and trains (under ZeRO-3: its shards)."""
+        if self.fsdp is not None:
+            return list(self.fsdp.named_parameters())
+        return list(self._named)
+
+    def parameters(self):
+        """The parameters of :meth:`named_parameters`: what an optimizer over this rank steps."""
+        return [p for _, p in self.named_parameters()]
+
+    def build_optimizer(self, optimizer_cls=torch.optim.SGD, **kwargs):
+        """The step's optimizer over this rank's parameters: ``optimizer_cls`` itself (stages 0 and
+        3), or ZeRO-1/2's sharded wrapper around it over "dp"; kept as ``self.optimizer``."""
+        if self.zero_stage in (1, 2):
+            cls = ShardedOptimizer if self.zero_stage == 1 else ShardedGradOptimizer
+            self.optimizer = cls(self.named_parameters(), optimizer_cls, group=self.group["dp"], **kwargs)
+        else:
+            self.optimizer = optimizer_cls(self.parameters(), **kwargs)
+        return self.optimizer
+
+    def shard_batch(self, x, y):
+        """This data-parallel replica's rows of the global batch ``x``, ``y`` (B, T) each."""
+        dp, d = self.dims.dp_size, self.coords.dp
+        if x.shape[0] % dp:
+            raise ValueError(f"the global batch of {x.shape[0]} sequences must split into dp_size={dp} replicas")
+        rows = slice(d * x.shape[0] // dp, (d + 1) * x.shape[0] // dp)
+        return x[rows], y[rows]
+
+    def forward_backward(self, x, y):
+        """Forward and backward of this replica's batch (B, T) in m micro-batches; every gradient
+        complete when it returns. The loss (the mean over the replica's tokens) on the last stage,
+        None on the others."""
+        m = self.num_microbatches
+        if x.shape[0] % m:
+            raise ValueError(f"num_microbatches={m} must divide this replica's batch of {x.shape[0]} sequences")
+        sync = self.data_parallel.no_sync() if self.data_parallel is not None else contextlib.nullcontext()
+        with sync:
+            losses = self._pipeline_step(x, y) if self.dims.pp_size > 1 else self._local_step(x, y)
+        if self.data_parallel is not None:  # after the sequence-parallel sums and the tied exchange
+            self.data_parallel.all_reduce_grads()
+        self.last_losses = losses
+        return sum(losses) / len(losses) if losses else None
+
+    def _local_step(self, x, y) -> list[float]:
+        net, m, losses = self.fsdp or self.model, self.num_microbatches, []
+        for xm, ym in zip(x.chunk(m), y.chunk(m)):
+            loss = net(xm, ym)
+            (loss / m).backward()
+            losses.append(loss.item())
+        return losses
+
+    def _pipeline_step(self, x, y) -> list[float]:
+        m, model = self.num_microbatches, self.model
+        seq = x.shape[1] // self.dims.tp_size if self.sequence_parallel else x.shape[1]  # what stages exchange
+        res = run_schedule(self.chunks, self.actions, rank=self.coords.pp, pp_size=self.dims.pp_size,
+                           inputs=x.chunk(m), targets=y.chunk(m), loss_fn=model.loss,
+                           act_shape=(x.shape[0] // m, seq, model.cfg.d_model), act_dtype=model.wte.weight.dtype,
+                           device=x.device, group=self.group["pp"], ranks=self.pp_ranks,
+                           tied=model.wte.weight, count_saved=False)
+        return res.losses
+
+
+def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool = False, zero_stage: int = 0,
+                    checkpoint: str = "none", schedule: str = "1f1b", num_microbatches: int = 1,
+                    v: int = 1) -> ParallelModel:
+    """Shard labkit's GPT ``model`` over ``mesh`` (``dims.build_mesh``) and return its :class:`ParallelModel`.
+
+    Every rank passes the same seeded model (checked). In order: tensor parallelism over "tp"
+    (``sequence_parallel``: LayerNorms and dropout on sequence shards), the pipeline's layer
+    ranges over "pp" cut by the unsharded model's parameters (``schedule`` of
+    :data:`labkit.pipeline.SCHEDULES`, ``num_microbatches`` m, ``v`` chunks per rank), the
+    blocks checkpointed by ``checkpoint`` (:data:`CHECKPOINTS`), then over "dp" plain data
+    parallelism (``zero_stage=0``, :class:`labkit.data_parallel.DataParallelBucketed`) or ZeRO
+    stage 1, 2 or 3 (:mod:`labkit.zero`).
+
+    Refused with a ValueError, because the techniques here cannot do them together:
+    ``cp_size > 1`` (context parallelism is not built yet); ``sequence_parallel`` without
+    tp > 1; ZeRO-2 or ZeRO-3 with pp > 1 (ZeRO-2 frees the tied embedding's gradient the
+    pipeline's ends exchange; ZeRO-3 gathers in the module's forward, which the chunks bypass);
+    ZeRO-2 or ZeRO-3 with sequence parallelism (its gradient sum comes after they moved the
+    gradients); ZeRO-3 with checkpointing.
+    """
+    check_bool("sequence_parallel", sequence_parallel)
+    check_int("zero_stage", zero_stage, 0, 3)
+    check_choice("checkpoint", checkpoint, CHECKPOINTS)
+    check_choice("schedule", schedule, SCHEDULES)
+    check_int("num_microbatches", num_microbatches, 1)
+    check_int("v", v, 1)
+    _check_mesh(dims, mesh)
+    _check_combination(dims, sequence_parallel, zero_stage, checkpoint)
+    if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
+        raise ValueError(f"schedule={schedule!r}, v={v} need pp_size > 1; with one stage the m micro-batches "
+                         "run one after another (gradient accumulation)")
+    pp, stage = dims.pp_size, dims.coords(dist.get_rank()).pp
+    actions = make_schedule(schedule, pp, num_microbatches, v)[stage] if pp > 1 else None  # checks m, v
+    if pp > 1:
+        check_same_model(model, mesh.get_group("pp"))  # each stage cuts its chunks from its own copy
+    ranges = split_stages(model, pp, v=v) if pp > 1 else None  # by the unsharded model's parameters
+    if dims.tp_size > 1:
+        apply_tensor_parallel(model, mesh.get_group("tp"), sequence_parallel)
+    if checkpoint != "none":
+        apply_checkpointing(model, checkpoint)
+    chunks = build_chunks(model, ranges, pp, stage) if pp > 1 else None
+    return ParallelModel(model, dims, mesh, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
+                         num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions)

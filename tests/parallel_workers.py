@@ -1,0 +1,72 @@
+"""What tests/test_parallelize.py's ranks run: parallelize_gpt under a plain training loop, per case."""
+
+import copy
+import time
+
+import torch
+
+from labkit.model import build_model, get_preset
+from labkit.parallel import ParallelDims, parallelize_gpt
+from labkit.runs.parallel3d import reference_train
+from labkit.runs.pipeline import make_batch
+from labkit.tensor_parallel import apply_tensor_parallel
+
+
+def _trained_state(pm) -> dict:
+    """{name: value} of what this rank holds after training (ZeRO-3: gathered over "dp")."""
+    if pm.fsdp is not None:
+        return {n: t.detach().clone() for n, t in pm.fsdp.full_state_dict().items()}
+    return {n: p.detach().clone() for n, p in pm.named_parameters()}
+
+
+def _plain_loop(pm, cfg, global_batch, steps, seed, lr) -> list:
+    """zero_grad, forward_backward on this replica's rows, step: the loss of each step (last stage)."""
+    opt = pm.build_optimizer(torch.optim.SGD, lr=lr)
+    losses = []
+    for k in range(steps):
+        x, y = make_batch(cfg, global_batch, seed + k)
+        opt.zero_grad(set_to_none=True)
+        losses.append(pm.forward_backward(*pm.shard_batch(x, y)))
+        opt.step()
+    return losses
+
+
+def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
+    """One case: the rank's trained values beside the one-process model's, sharded alike."""
+    (dp, tp, pp), kwargs = case
+    dims = ParallelDims(dp_size=dp, tp_size=tp, pp_size=pp)
+    mesh = dims.build_mesh("cpu")
+    torch.manual_seed(seed)
+    pm = parallelize_gpt(build_model(cfg).double(), dims, mesh, **kwargs)
+    losses = _plain_loop(pm, cfg, global_batch, steps, seed, lr)
+    out = {"losses": losses, "coords": tuple(pm.coords)}
+    for key, full in (("want", refs[1]), ("start", refs[2])):
+        twin = copy.deepcopy(full)
+        if tp > 1:
+            apply_tensor_parallel(twin, mesh.get_group("tp"), kwargs.get("sequence_parallel", False))
+        out[key] = dict(twin.named_parameters())  # a tied weight under its first name only
+    out["got"] = {n: v for n, v in _trained_state(pm).items() if n in out["want"]}
+    for key in ("want", "start"):
+        out[key] = {n: out[key][n].detach().clone() for n in out["got"]}
+    return out
+
+
+def parallelize_rank(rank, world_size, cases, cfg="tiny", global_batch=8, steps=3, seed=0, lr=0.1):
+    """Every case of ``cases`` ((dp, tp, pp), parallelize_gpt's keywords), one after the other, and
+    a mesh built for the wrong number of ranks; the one-process losses as "ref_losses"."""
+    torch.set_num_threads(1)
+    cfg = get_preset(cfg)
+    ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr, torch.float64)
+    _, start_model = reference_train(cfg, global_batch, 0, seed, lr, torch.float64)
+    refs = (ref_losses, ref_model, start_model)
+    out = {"ref_losses": ref_losses, "seconds": {}}
+    for i, case in enumerate(cases):
+        t0 = time.perf_counter()
+        out[i] = run_case(rank, case, cfg, global_batch, steps, seed, lr, refs)
+        out["seconds"][i] = time.perf_counter() - t0
+    try:
+        ParallelDims(dp_size=2, tp_size=2).build_mesh("cpu")
+        out["wrong_world"] = None
+    except ValueError as err:
+        out["wrong_world"] = str(err)
+    return out
