@@ -1,9 +1,10 @@
 """Sphinx extension: calculators in the pages that run labkit's own Python, offline.
 
-``{calculator} training`` (or ``zero``, ``activations``, ``parallel``, ``kv``) writes a
-``<div class="labkit-calc">``; in the browser, Brython (PyPI ``brython``: a Python interpreter
-written in JavaScript, with its standard library) runs ``calculator_ui.py``, which calls
-``labkit.estimate``: the same source files the tests check, not a JavaScript copy of the formulas.
+``{calculator} training`` (or ``zero``, ``activations``, ``parallel``, ``kv``, ``plans``) writes
+a ``<div class="labkit-calc">``; in the browser, Brython (PyPI ``brython``: a Python interpreter
+written in JavaScript, with its standard library) runs ``browser/calculator_ui.py``, which calls
+``labkit.estimate`` (and ``labkit.plan``): the same source files the tests check, not a
+JavaScript copy of the formulas.
 JavaScript only starts Brython and says so in the page if it could not.
 
 At build time this copies brython.js and brython_stdlib.js from the installed package into
