@@ -1,0 +1,327 @@
+"""The book's calculators, in the page: Python run by Brython (see _ext/calculators.py).
+
+Each ``<div class="labkit-calc" data-kind="...">`` that the ``{calculator}`` directive wrote gets
+a form; every change re-reads the form, calls ``labkit.estimate`` (the package the tests check)
+and writes the result: a bar of the per-GPU bytes and the numbers. Nothing here computes memory:
+it reads inputs, calls labkit, and formats what labkit returned.
+
+The form's ``preset`` picks a published shape; the shape fields below it start at the preset's
+values and override them (``dataclasses.replace``), so a reader can type any shape. Every number
+shown carries its exact value in ``data-value``; the output carries the inputs it was computed
+from in ``data-inputs`` (JSON), so a test can check the page against the estimator.
+"""
+
+import json
+from dataclasses import replace
+
+from browser import document, html, timer
+
+from labkit.estimate import OPTIMIZERS, PRECISIONS, serving_memory, training_memory
+from labkit.hardware import GPUS
+from labkit.memory.analytic import RECOMPUTE
+from labkit.shapes import PRESETS
+
+SHAPE_FIELDS = (("n_layer", "layers"), ("d_model", "d_model"), ("n_head", "heads"),
+                ("n_kv_head", "KV heads"), ("d_ff", "d_ff"), ("vocab_size", "vocab"))
+OPTIONAL = ("n_kv_head", "d_ff")  # empty: the preset family's default (multi-head, 4 h)
+
+# name: (label, kind, default, choices)
+KNOBS = {
+    "gpu": ("GPU", "choice", "a100-80gb", tuple(GPUS)),
+    "seq_len": ("sequence length", "int", 4096, None),
+    "micro_batch": ("micro-batch", "int", 1, None),
+    "dp_size": ("data-parallel GPUs N_d", "int", 8, None),
+    "tp_size": ("tensor-parallel t", "int", 1, None),
+    "pp_size": ("pipeline stages p", "int", 1, None),
+    "zero_stage": ("ZeRO stage", "choice", "0", ("0", "1", "2", "3")),
+    "recompute": ("recomputation", "choice", "none", RECOMPUTE),
+    "sequence_parallel": ("sequence parallelism", "choice", "off", ("off", "on")),
+    "precision": ("precision", "choice", "bf16-mixed", tuple(PRECISIONS)),
+    "optimizer": ("optimizer", "choice", "adamw", tuple(OPTIMIZERS)),
+    "weight_bytes": ("bytes per weight", "choice", "2", ("1", "2", "4")),
+    "kv_bytes": ("bytes per KV element", "choice", "2", ("1", "2", "4")),
+    "context_len": ("context length", "int", 4096, None),
+    "gpu_memory_utilization": ("memory utilisation", "float", 0.9, None),
+    "num_gpus": ("GPUs", "int", 8, None),
+    "gpus_per_node": ("GPUs per node", "int", 8, None),
+    "global_batch": ("global batch", "int", 64, None),
+    "micro_batches": ("micro-batches b tried", "ints", "1", None),
+    "interleave": ("interleave v tried", "ints", "1", None),
+}
+
+KINDS = {
+    "training": ("gpu", "seq_len", "micro_batch", "recompute", "precision", "optimizer"),
+    "zero": ("gpu", "dp_size", "seq_len", "micro_batch", "precision", "optimizer"),
+    "activations": ("gpu", "tp_size", "sequence_parallel", "seq_len", "micro_batch", "recompute"),
+    "parallel": ("gpu", "dp_size", "tp_size", "pp_size", "zero_stage", "recompute",
+                 "sequence_parallel", "seq_len", "micro_batch"),
+    "kv": ("gpu", "tp_size", "context_len", "kv_bytes", "weight_bytes", "gpu_memory_utilization"),
+    "plans": ("gpu", "num_gpus", "gpus_per_node", "seq_len", "global_batch", "micro_batches",
+              "interleave"),
+}
+TOP = 5  # plans shown
+PLAN_COLUMNS = (("tp_size", "t"), ("pp_size", "p"), ("v", "v"), ("dp_size", "N_d"),
+                ("zero_stage", "ZeRO"), ("recompute", "recompute"), ("sequence_parallel", "SP"),
+                ("micro_batch", "b"), ("num_microbatches", "m"), ("step_time_s", "step"),
+                ("mfu", "MFU"), ("total", "memory"))
+
+TRAIN_PARTS = ("params", "grads", "optimizer", "activations", "transient")
+SERVE_PARTS = ("weights", "activation_peak", "non_torch", "kv_cache")
+LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states",
+          "activations": "activations", "transient": "transient peaks", "weights": "weights",
+          "activation_peak": "forward peak", "non_torch": "non-PyTorch", "kv_cache": "KV cache"}
+
+
+# The words the calculators show, by page language (<html lang>, from Sphinx's ``language``):
+# TRANSLATIONS["zh_CN"] = {"preset": "...", ...}; a phrase missing from it is shown in English.
+TRANSLATIONS = {}
+LANG = (document.documentElement.lang or "en").replace("-", "_")
+
+
+def _t(text, **values):
+    words = TRANSLATIONS.get(LANG) or TRANSLATIONS.get(LANG.split("_")[0]) or {}
+    return words.get(text, text).format(**values)
+
+
+class Dims:
+    """The parallel degrees ``training_memory`` reads (duck-typed like ``ParallelDims``)."""
+
+    def __init__(self, dp_size=1, tp_size=1, pp_size=1, cp_size=1):
+        self.dp_size, self.tp_size, self.pp_size, self.cp_size = dp_size, tp_size, pp_size, cp_size
+
+
+def gb(n):
+    return f"{n / 1e9:.2f} GB"
+
+
+def _field(calc, name, label, value, choices=None):
+    if choices is None:
+        box = html.INPUT(type="text", value="" if value is None else str(value), size=7,
+                         name=name, **{"class": "labkit-calc-input"})
+    else:
+        box = html.SELECT(name=name, **{"class": "labkit-calc-input"})
+        for c in choices:
+            box <= html.OPTION(str(c), value=str(c), selected=(str(c) == str(value)))
+    calc.fields[name] = box
+    return html.LABEL(html.SPAN(_t(label)) + box)
+
+
+class Calculator:
+    def __init__(self, root):
+        self.root = root
+        self.kind = root.attrs["data-kind"]
+        self.fields = {}
+        preset = root.attrs.get("data-preset", "llama-2-7b")
+        form = html.DIV(Class="labkit-calc-form")
+        form <= _field(self, "preset", "preset", preset, tuple(PRESETS))
+        for name, label in SHAPE_FIELDS:
+            form <= _field(self, name, label, None)
+        for name in KINDS[self.kind]:
+            label, kind, default, choices = KNOBS[name]
+            default = root.attrs.get("data-" + name.replace("_", "-"), default)
+            form <= _field(self, name, label, default, choices)
+        self.out = html.DIV(Class="labkit-calc-output")
+        root.clear()
+        root <= form
+        root <= self.out
+        self.fill_shape()
+        self.fields["preset"].bind("change", lambda ev: (self.fill_shape(), self.update()))
+        for name, box in self.fields.items():
+            if name != "preset":
+                box.bind("input", lambda ev: self.update())
+                box.bind("change", lambda ev: self.update())
+        self.pending = None
+        self.update()
+
+    def update(self):
+        """Recompute now, or for the planner (a sweep: seconds in the page) once typing stops."""
+        if self.kind != "plans":
+            self.compute()
+            return
+        if self.pending is not None:
+            timer.clear_timeout(self.pending)
+        self.out.attrs["data-state"] = "computing"
+        self.out.style.opacity = "0.5"
+        self.pending = timer.set_timeout(self.compute, 400)
+
+    def fill_shape(self):
+        shape = PRESETS[self.fields["preset"].value]
+        for name, _ in SHAPE_FIELDS:
+            value = getattr(shape, name)
+            self.fields[name].value = "" if value is None else str(value)
+
+    def inputs(self):
+        """The form as Python values (a ValueError names a field that is not a number)."""
+        got = {"preset": self.fields["preset"].value}
+        for name, _ in SHAPE_FIELDS:
+            text = self.fields[name].value.strip()
+            got[name] = None if (text == "" and name in OPTIONAL) else _number(name, text, int)
+        for name in KINDS[self.kind]:
+            kind = KNOBS[name][1]
+            text = self.fields[name].value.strip()
+            if kind == "int":
+                got[name] = _number(name, text, int)
+            elif kind == "float":
+                got[name] = _number(name, text, float)
+            elif kind == "ints":
+                got[name] = [_number(name, t.strip(), int) for t in text.split(",") if t.strip()]
+            elif name in ("zero_stage", "weight_bytes", "kv_bytes"):
+                got[name] = int(text)
+            elif name == "sequence_parallel":
+                got[name] = text == "on"
+            else:
+                got[name] = text
+        return got
+
+    def compute(self):
+        self.pending = None
+        got = None
+        try:
+            got = self.inputs()
+            shape = replace(PRESETS[got["preset"]], **{n: got[n] for n, _ in SHAPE_FIELDS})
+            body = (self.serving(shape, got) if self.kind == "kv" else
+                    self.plans(shape, got) if self.kind == "plans" else self.training(shape, got))
+            self.show(body, got, "ok")
+        except (ValueError, TypeError) as e:
+            self.show(html.P(str(e), Class="labkit-calc-error"), got, "error")
+
+    def show(self, body, got, state):
+        self.out.style.opacity = "1"
+        self.out.clear()
+        self.out <= body
+        self.out.attrs["data-inputs"] = json.dumps(got, sort_keys=True) if got else ""
+        self.out.attrs["data-state"] = state
+        self.root.attrs["data-ready"] = "1"
+
+    def training(self, shape, got):
+        capacity = GPUS[got["gpu"]].memory_bytes
+        if self.kind == "zero":
+            body = html.DIV()
+            for stage in range(4):
+                d = self._train(shape, got, zero_stage=stage).to_dict()
+                body <= html.DIV(html.B(_t("ZeRO-{stage}", stage=stage))
+                                 + _bar(d, TRAIN_PARTS, capacity)
+                                 + _numbers(d, TRAIN_PARTS, capacity, f"z{stage}-"))
+            return body
+        est = self._train(shape, got)
+        d = est.to_dict()
+        return html.DIV(_bar(d, TRAIN_PARTS, capacity) + _numbers(d, TRAIN_PARTS, capacity, ""))
+
+    def _train(self, shape, got, **over):
+        dims = Dims(got.get("dp_size", 1), got.get("tp_size", 1), got.get("pp_size", 1))
+        kw = {k: got[k] for k in ("zero_stage", "recompute", "sequence_parallel", "precision",
+                                  "optimizer") if k in got}
+        kw.update(over)
+        return training_memory(shape, seq_len=got["seq_len"], micro_batch=got["micro_batch"],
+                               dims=dims, **kw)
+
+    def serving(self, shape, got):
+        est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
+                             weight_bytes=got["weight_bytes"], kv_bytes=got["kv_bytes"],
+                             gpu_memory_utilization=got["gpu_memory_utilization"])
+        d = est.to_dict()
+        capacity = GPUS[got["gpu"]].memory_bytes
+        d["total"] = est.weights + est.activation_peak + est.non_torch + est.kv_cache
+        conc = est.max_concurrency(got["context_len"])
+        counts = html.UL(Class="labkit-calc-counts")
+        for name, label, value in (("num_blocks", _t("KV blocks"), est.num_blocks),
+                                   ("max_tokens", _t("tokens cached"), est.max_tokens),
+                                   ("max_concurrency", _t("requests of {n} tokens",
+                                                          n=got["context_len"]), conc)):
+            counts <= html.LI(label + ": " + _value(name, value, str(value)))
+        verdict = _t("fits") if conc > 0 else _t("does not fit: no request of this length fits")
+        return html.DIV(_bar(d, SERVE_PARTS, capacity) + _numbers(d, SERVE_PARTS, capacity, "")
+                        + counts + html.P(_value("serves", int(conc > 0), verdict),
+                                          Class="labkit-calc-verdict"))
+
+    def plans(self, shape, got):
+        from labkit.plan import plan_training
+
+        found = plan_training(shape, gpu=got["gpu"], num_gpus=got["num_gpus"],
+                              gpus_per_node=got["gpus_per_node"], seq_len=got["seq_len"],
+                              global_batch=got["global_batch"],
+                              micro_batches=tuple(got["micro_batches"]),
+                              interleave=tuple(got["interleave"]))
+        body = html.DIV()
+        body <= html.P(_value("considered", found.considered, str(found.considered))
+                       + _t(" configurations sized, ")
+                       + _value("fitting", len(found.plans), str(len(found.plans))) + _t(" fit."))
+        if not found.plans:
+            body <= html.P(_t("Nothing fits: ") + _value("reason", 0, found.reason()),
+                           Class="labkit-calc-verdict")
+            return body
+        best = found.plans[0]
+        d = best.memory.to_dict()
+        body <= html.P(_t("The fastest plan's memory per GPU (limit {limit}):",
+                          limit=gb(best.limit_bytes)))
+        body <= _bar(d, TRAIN_PARTS, best.limit_bytes) + _numbers(d, TRAIN_PARTS, best.limit_bytes, "")
+        table = html.TABLE(Class="labkit-calc-table labkit-calc-plans")
+        table <= html.TR([html.TH(_t(label)) for _, label in PLAN_COLUMNS])
+        for i, plan in enumerate(found.plans[:TOP]):
+            row = plan.to_dict()
+            row["total"] = plan.memory.total
+            table <= html.TR([html.TD(_value(f"p{i}-{k}", row[k], _plan_text(k, row[k])))
+                              for k, _ in PLAN_COLUMNS])
+        body <= table
+        return body
+
+
+def _plan_text(name, value):
+    """How the plans table writes one value."""
+    if name == "step_time_s":
+        return f"{value:.2f} s"
+    if name == "mfu":
+        return f"{100 * value:.1f}%"
+    if name == "total":
+        return gb(value)
+    if name == "sequence_parallel":
+        return "on" if value else "off"
+    return str(value)
+
+
+def _number(name, text, kind):
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{name}: {text!r} is not a number") from None
+
+
+def _value(name, value, text):
+    return html.SPAN(text, Class="labkit-calc-value", **{"data-name": name, "data-value": str(value)})
+
+
+def _bar(d, parts, capacity):
+    """One bar: each part's share of max(total, the GPU's memory); a mark at the GPU's memory."""
+    scale = max(d["total"], capacity)
+    bar = html.DIV(Class="labkit-calc-bar")
+    for name in parts:
+        if d[name] > 0:
+            bar <= html.DIV(Class=f"labkit-calc-seg labkit-calc-{name}", title=_t(LABELS[name]),
+                            style={"width": f"{100 * d[name] / scale:.3f}%"})
+    bar <= html.DIV(Class="labkit-calc-cap", title=_t("GPU memory"),
+                    style={"left": f"{100 * capacity / scale:.3f}%"})
+    return bar
+
+
+def _numbers(d, parts, capacity, prefix):
+    table = html.TABLE(Class="labkit-calc-table")
+    for name in parts + ("total",):
+        key = html.SPAN(Class=f"labkit-calc-key labkit-calc-{name}") if name != "total" else ""
+        table <= html.TR(html.TD(key + _t(LABELS.get(name, "total per GPU")))
+                         + html.TD(_value(prefix + name, d[name], gb(d[name]))))
+    fits = d["total"] <= capacity
+    text = (_t("fits in {capacity}", capacity=gb(capacity)) if fits
+            else _t("does not fit: {total} of {capacity}", total=gb(d["total"]), capacity=gb(capacity)))
+    table <= html.TR(html.TD(_t("GPU memory")) + html.TD(_value(prefix + "fits", int(fits), text)))
+    return table
+
+
+def main():
+    for root in document.select(".labkit-calc"):
+        try:
+            Calculator(root)
+        except Exception as e:  # show it in the page, where the reader looks
+            root.clear()
+            root <= html.P(_t("The calculator could not start: ") + f"{type(e).__name__}: {e}",
+                           Class="labkit-calc-error")
+            root.attrs["data-ready"] = "error"
