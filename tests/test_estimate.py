@@ -16,7 +16,7 @@ from labkit.estimate import (GPUS, PRECISIONS, MemoryEstimate, ModelShape, Servi
                              training_memory)
 from labkit.checkpoint import apply_checkpointing
 from labkit.memory import measure_forward_backward, measure_step
-from labkit.memory.analytic import RECOMPUTE, head_bytes, korthikanti_activation_bytes, llama_layer_bytes
+from labkit.memory.analytic import RECOMPUTE, embedding_bytes, head_bytes, korthikanti_activation_bytes, llama_layer_bytes
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention.analytic import cached_tokens, kv_bytes_per_token_of
 from labkit.precision import OPTIMIZERS, make_optimizer
@@ -143,7 +143,8 @@ def test_gpt2_block_uses_korthikanti():
                               recompute=rc, num_microbatches=8)
         layer = korthikanti_activation_bytes(2048, 1, 12288, 96, t, sp, rc)
         outputs = 8 * 2048 * 12288 * 2 // (t if sp else 1)  # 8 micro-batches' stage outputs
-        assert est.stage == 0 and est.activations == round(layer) * 96 + outputs
+        embedding = 8 * embedding_bytes(2048, 1, pos="learned", tp_size=t)  # and their position indices, ids
+        assert est.stage == 0 and est.activations == round(layer) * 96 + outputs + embedding
 
 
 def test_the_precision_names_are_labkit_precisions():
