@@ -1,6 +1,6 @@
-"""labkit.estimate against the memory meter on real ranks: a grid of composed runs on 8 gloo ranks.
+"""labkit.estimate against the memory meter on real ranks: a grid of composed runs on 8 and 4 gloo ranks.
 
-One launch serves every case: data x tensor x pipeline degrees, ZeRO 0-3 (where parallelize_gpt
+One launch of 8 ranks serves most cases, one of 4 ranks a few more: data x tensor x pipeline degrees, ZeRO 0-3 (where parallelize_gpt
 composes them: stages 2 and 3 refuse a pipeline and sequence parallelism, stage 3 checkpointing),
 recomputation none / selective / full, sequence parallelism, 1F1B and GPipe, for GPT-2's block
 (tied embeddings, learned positions) and the Llama block with grouped-query attention. Each rank
@@ -56,13 +56,30 @@ CASES = [
     ("gpt2", (4, 2, 1), dict(zero_stage=3)),
     ("gpt2", (8, 1, 1), dict(zero_stage=3)),
 ]
-IDS = [f"{f}-{d}-" + ",".join(f"{k}={v}" for k, v in kw.items()) for f, d, kw in CASES]
+CASES_4 = [  # and on 4 ranks, in a second launch
+    ("llama-gqa", (1, 2, 2), dict(checkpoint="selective", num_microbatches=2)),
+    ("llama-gqa", (4, 1, 1), dict(zero_stage=2)),
+    ("gpt2", (1, 1, 4), dict(checkpoint="full", num_microbatches=4)),
+    ("gpt2", (2, 2, 1), dict(zero_stage=1, checkpoint="full")),
+]
+SIZES = [8] * len(CASES) + [4] * len(CASES_4)
+CASES = CASES + CASES_4
+IDS = [f"{n}ranks-{f}-{d}-" + ",".join(f"{k}={v}" for k, v in kw.items()) for n, (f, d, kw) in zip(SIZES, CASES)]
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return launch(grid_rank, 8, cases=CASES, global_batch=GLOBAL_BATCH, backend="gloo", timeout_s=120,
-                  join_timeout_s=600)
+    """Each rank's results, case by case (the 8-rank launch's cases, then the 4-rank launch's)."""
+    eight = launch(grid_rank, 8, cases=CASES[:SIZES.count(8)], global_batch=GLOBAL_BATCH, backend="gloo",
+                   timeout_s=120, join_timeout_s=600)
+    four = launch(grid_rank, 4, cases=CASES[SIZES.count(8):], global_batch=GLOBAL_BATCH, backend="gloo",
+                  timeout_s=120, join_timeout_s=600)
+    return [eight[r] + (four[r] if r < 4 else []) for r in range(8)]
+
+
+def ranks(runs, i):
+    """The results of case i on each rank that ran it."""
+    return [r[i] for r in runs if i < len(r)]
 
 
 def estimate(case, stage=None):
@@ -84,8 +101,8 @@ def activations_exact(case) -> bool:
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
 def test_model_states_per_rank_equal_the_meter_to_the_byte(runs, i):
-    for rank, r in enumerate(runs):
-        got, est = r[i], estimate(CASES[i], stage=r[i]["stage"])
+    for rank, got in enumerate(ranks(runs, i)):
+        est = estimate(CASES[i], stage=got["stage"])
         assert (got["params"], got["grads"]) == (est.params, est.grads), (rank, got, est)
         assert got["optimizer"] == est.optimizer + got["step_counters"], (rank, got, est)  # Adam's `step`s
 
@@ -99,18 +116,18 @@ ACTIVATION_CASES = [i for i, (family, (_, tp, pp), _) in enumerate(CASES)
 @pytest.mark.parametrize("i", ACTIVATION_CASES, ids=[IDS[i] for i in ACTIVATION_CASES])
 def test_activations_per_rank_equal_the_meter_where_it_is_exact_on_the_cpu(runs, i):
     family, (dp, _, _), _ = CASES[i]
-    for rank, r in enumerate(runs):
+    for rank, got in enumerate(ranks(runs, i)):
         if activations_exact(CASES[i]):
-            want = estimate(CASES[i], stage=r[i]["stage"]).activations
+            want = estimate(CASES[i], stage=got["stage"]).activations
         else:
             want = activation_bytes(GPTConfig(**FAMILIES[family]), GLOBAL_BATCH // dp, dtype_bytes=4,
                                     device_type="cpu").total
-        assert r[i]["activations"] == want, (rank, r[i]["activations"], want)
+        assert got["activations"] == want, (rank, got["activations"], want)
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
 def test_the_estimate_is_the_most_loaded_stage_of_those_the_ranks_hold(runs, i):
     est = estimate(CASES[i])
     assert est == estimate(CASES[i], stage=est.stage)
-    stages = {r[i]["stage"] for r in runs}
+    stages = {got["stage"] for got in ranks(runs, i)}
     assert est.stage in stages and est.total == max(estimate(CASES[i], stage=s).total for s in stages)
