@@ -1,10 +1,11 @@
 """labkit.estimate against the memory meter on real ranks: a grid of composed runs on 8 and 4 gloo ranks.
 
-One launch of 8 ranks serves most cases, one of 4 ranks a few more: data x tensor x pipeline degrees, ZeRO 0-3 (where parallelize_gpt
-composes them: stages 2 and 3 refuse a pipeline and sequence parallelism, stage 3 checkpointing),
-recomputation none / selective / full, sequence parallelism, 1F1B and GPipe, for GPT-2's block
-(tied embeddings, learned positions) and the Llama block with grouped-query attention. Each rank
-takes an fp32 AdamW step under ``parallelize_gpt`` and measures it (tests/estimate_grid_workers.py).
+One launch of 8 ranks serves most cases, one of 4 ranks a few more: data x tensor x pipeline
+degrees, ZeRO 0-3 (where parallelize_gpt composes them: stages 2 and 3 refuse a pipeline and
+sequence parallelism, stage 3 checkpointing), recomputation none / selective / full, sequence
+parallelism, 1F1B and GPipe, for GPT-2's block (tied embeddings, learned positions) and the Llama
+block with grouped-query attention. Each rank takes an fp32 AdamW step under ``parallelize_gpt``
+and measures it (tests/estimate_grid_workers.py).
 
 What must be equal, to the byte, on every rank (``training_memory(..., stage=s)`` for the rank's
 pipeline stage s) and so on the most loaded one (the estimate without ``stage``):
@@ -67,14 +68,18 @@ CASES = CASES + CASES_4
 IDS = [f"{n}ranks-{f}-{d}-" + ",".join(f"{k}={v}" for k, v in kw.items()) for n, (f, d, kw) in zip(SIZES, CASES)]
 
 
-@pytest.fixture(scope="module")
-def runs():
+def launch_grid() -> list[list[dict]]:
     """Each rank's results, case by case (the 8-rank launch's cases, then the 4-rank launch's)."""
     eight = launch(grid_rank, 8, cases=CASES[:SIZES.count(8)], global_batch=GLOBAL_BATCH, backend="gloo",
                    timeout_s=120, join_timeout_s=600)
     four = launch(grid_rank, 4, cases=CASES[SIZES.count(8):], global_batch=GLOBAL_BATCH, backend="gloo",
                   timeout_s=120, join_timeout_s=600)
     return [eight[r] + (four[r] if r < 4 else []) for r in range(8)]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return launch_grid()
 
 
 def ranks(runs, i):
@@ -86,8 +91,9 @@ def estimate(case, stage=None):
     """The estimator's answer for a case: fp32 activations and model states, AdamW."""
     family, (dp, tp, pp), kw = case
     m = kw.get("num_microbatches", 1)
+    dims = SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp)
     return training_memory(ModelShape.from_config(GPTConfig(**FAMILIES[family])), seq_len=FAMILIES[family]["seq_len"],
-                           micro_batch=GLOBAL_BATCH // dp // m, dims=SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp),
+                           micro_batch=GLOBAL_BATCH // dp // m, dims=dims,
                            zero_stage=kw.get("zero_stage", 0), recompute=kw.get("checkpoint", "none"),
                            sequence_parallel=kw.get("sequence_parallel", False), num_microbatches=m,
                            schedule=kw.get("schedule", "1f1b"), precision="fp32", optimizer="adamw", stage=stage)
