@@ -30,6 +30,8 @@ FAMILIES = {
     "llama-gqa": dict(n_layer=4, d_model=32, n_head=4, n_kv_head=2, d_ff=48, vocab_size=64, seq_len=16,
                       norm="rmsnorm", mlp="swiglu", pos="rope", tie_embeddings=False, bias=False),
 }
+# labkit.estimate's precisions a plain torch optimizer runs: everything in one dtype
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _FLAG = torch.zeros(1)
 
 
@@ -84,7 +86,8 @@ def _chunk_activations(pm, x, y) -> int:
             if stage == 0:
                 kept = chunk(x[:mb])
             else:
-                h = torch.empty(mb, seq, pm.model.cfg.d_model).normal_().requires_grad_()
+                h = torch.empty(mb, seq, pm.model.cfg.d_model, dtype=pm.model.wte.weight.dtype).normal_()
+                h.requires_grad_()
                 kept = (h, chunk(h))
             if pm.is_last_stage:
                 kept = (h, pm.model.loss(kept[1], y[:mb]))  # the logits are freed once the loss is taken
@@ -121,13 +124,16 @@ def _local_activations(pm, x, y) -> int:
 
 
 def measure_case(family, degrees, kwargs, global_batch=8, seed=0) -> dict:
-    """One case on this rank: the meter's params, grads, optimizer (max over the step), the
-    activations it kept, Adam's step counters, and the rank's pipeline stage."""
+    """One case on this rank (``kwargs``: parallelize_gpt's, and ``precision``, "fp32" or "bf16"):
+    the meter's params, grads, optimizer (max over the step), the activations it kept, Adam's
+    step counters, and the rank's pipeline stage."""
     dp, tp, pp = degrees
+    kwargs = dict(kwargs)
+    dtype = DTYPES[kwargs.pop("precision", "fp32")]  # the model's and so AdamW's states' dtype
     cfg = GPTConfig(**FAMILIES[family])
     dims = ParallelDims(dp_size=dp, tp_size=tp, pp_size=pp)
     torch.manual_seed(seed)
-    pm = parallelize_gpt(build_model(cfg), dims, dims.build_mesh("cpu"), **kwargs)
+    pm = parallelize_gpt(build_model(cfg, dtype=dtype), dims, dims.build_mesh("cpu"), **kwargs)
     opt = pm.build_optimizer(torch.optim.AdamW, lr=1e-3)
     x, y = pm.shard_batch(*make_batch(cfg, global_batch, seed))
     pm.forward_backward(x, y)  # the optimizer states exist from this first step on

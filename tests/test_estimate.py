@@ -121,8 +121,11 @@ def test_under_1f1b_stage_0_holds_all_layers_worth_whatever_p():
         assert est.stage == 0 and est.activations == 32 * per_layer + extra
     gpipe = training_memory(shape, seq_len=4096, micro_batch=1, dims=dims(pp=4), num_microbatches=16,
                             schedule="gpipe")
-    # GPipe keeps all m micro-batches on every stage: the last, with the head, is the most loaded
-    assert gpipe.stage == 3 and gpipe.activations == 16 * (8 * per_layer + head_bytes(4096, 1, 4096, 32000))
+    # GPipe keeps all m micro-batches on every stage: the last, with the head, is the most loaded;
+    # with each its received activation (bf16), beside the fp32 copy its first RMSNorm keeps
+    received = 4096 * 4096 * 2
+    assert gpipe.stage == 3 and gpipe.activations == 16 * (8 * per_layer + head_bytes(4096, 1, 4096, 32000)
+                                                           + received)
 
 
 def test_model_states_follow_zero_and_the_split():

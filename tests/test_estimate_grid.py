@@ -4,7 +4,7 @@ One launch of 8 ranks serves most cases, one of 4 ranks a few more: data x tenso
 degrees, ZeRO 0-3 (where parallelize_gpt composes them: stages 2 and 3 refuse a pipeline and
 sequence parallelism, stage 3 checkpointing), recomputation none / selective / full, sequence
 parallelism, 1F1B and GPipe, for GPT-2's block (tied embeddings, learned positions) and the Llama
-block with grouped-query attention. Each rank takes an fp32 AdamW step under ``parallelize_gpt``
+block with grouped-query attention. Each rank takes an AdamW step under ``parallelize_gpt``, in fp32 or all in bf16,
 and measures it (tests/estimate_grid_workers.py).
 
 What must be equal, to the byte, on every rank (``training_memory(..., stage=s)`` for the rank's
@@ -16,7 +16,8 @@ pipeline stage s) and so on the most loaded one (the estimate without ``stage``)
   tensor per tensor it steps, on the host on a GPU: the estimator leaves it out, the CPU's meter
   counts it, and the comparison adds it, counted from the optimizer's state.
 - activations, for the Llama block (every case) and for GPT-2's block under full recomputation
-  (a block keeps its input only). GPT-2's block without full recomputation is estimated with
+  in fp32 (a block keeps its input only; in bf16 the final LayerNorm's statistics are bf16 on the
+  CPU, fp32 on a GPU as the estimator counts them). GPT-2's block without full recomputation is estimated with
   Korthikanti et al.'s GPU formula (1-byte dropout masks, no LayerNorm statistics), which the
   CPU does not follow; there, with one tensor-parallel rank and one stage, the meter equals
   labkit's exact CPU count (``labkit.memory.analytic.activation_bytes``) instead, and
@@ -59,9 +60,11 @@ CASES = [
 ]
 CASES_4 = [  # and on 4 ranks, in a second launch
     ("llama-gqa", (1, 2, 2), dict(checkpoint="selective", num_microbatches=2)),
-    ("llama-gqa", (4, 1, 1), dict(zero_stage=2)),
     ("gpt2", (1, 1, 4), dict(checkpoint="full", num_microbatches=4)),
     ("gpt2", (2, 2, 1), dict(zero_stage=1, checkpoint="full")),
+    ("llama-gqa", (2, 1, 2), dict(zero_stage=1, num_microbatches=2, precision="bf16")),
+    ("llama-gqa", (2, 2, 1), dict(zero_stage=3, precision="bf16")),
+    ("gpt2", (1, 2, 2), dict(checkpoint="full", sequence_parallel=True, num_microbatches=2, precision="bf16")),
 ]
 SIZES = [8] * len(CASES) + [4] * len(CASES_4)
 CASES = CASES + CASES_4
@@ -88,7 +91,7 @@ def ranks(runs, i):
 
 
 def estimate(case, stage=None):
-    """The estimator's answer for a case: fp32 activations and model states, AdamW."""
+    """The estimator's answer for a case: AdamW, everything in fp32 (or bf16, the case's ``precision``)."""
     family, (dp, tp, pp), kw = case
     m = kw.get("num_microbatches", 1)
     dims = SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp)
@@ -96,13 +99,14 @@ def estimate(case, stage=None):
                            micro_batch=GLOBAL_BATCH // dp // m, dims=dims,
                            zero_stage=kw.get("zero_stage", 0), recompute=kw.get("checkpoint", "none"),
                            sequence_parallel=kw.get("sequence_parallel", False), num_microbatches=m,
-                           schedule=kw.get("schedule", "1f1b"), precision="fp32", optimizer="adamw", stage=stage)
+                           schedule=kw.get("schedule", "1f1b"), precision=kw.get("precision", "fp32"),
+                           optimizer="adamw", stage=stage)
 
 
 def activations_exact(case) -> bool:
     """Where the estimator's activations are labkit's model's on the CPU (the module docstring)."""
     family, _, kw = case
-    return family == "llama-gqa" or kw.get("checkpoint") == "full"
+    return family == "llama-gqa" or (kw.get("checkpoint") == "full" and kw.get("precision", "fp32") == "fp32")
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
@@ -115,18 +119,19 @@ def test_model_states_per_rank_equal_the_meter_to_the_byte(runs, i):
 
 # the Llama block and full recomputation: the estimate; GPT-2's block on one tensor-parallel rank
 # and one stage: labkit's exact CPU count; the rest (GPT-2's block, t or p > 1): no exact count
-ACTIVATION_CASES = [i for i, (family, (_, tp, pp), _) in enumerate(CASES)
+ACTIVATION_CASES = [i for i, (family, (_, tp, pp), kw) in enumerate(CASES)
                     if activations_exact(CASES[i]) or tp == pp == 1]
 
 
 @pytest.mark.parametrize("i", ACTIVATION_CASES, ids=[IDS[i] for i in ACTIVATION_CASES])
 def test_activations_per_rank_equal_the_meter_where_it_is_exact_on_the_cpu(runs, i):
-    family, (dp, _, _), _ = CASES[i]
+    family, (dp, _, _), kw = CASES[i]
     for rank, got in enumerate(ranks(runs, i)):
         if activations_exact(CASES[i]):
             want = estimate(CASES[i], stage=got["stage"]).activations
         else:
-            want = activation_bytes(GPTConfig(**FAMILIES[family]), GLOBAL_BATCH // dp, dtype_bytes=4,
+            e = 2 if kw.get("precision") == "bf16" else 4  # labkit's count, with the CPU's conventions
+            want = activation_bytes(GPTConfig(**FAMILIES[family]), GLOBAL_BATCH // dp, dtype_bytes=e,
                                     device_type="cpu").total
         assert got["activations"] == want, (rank, got["activations"], want)
 

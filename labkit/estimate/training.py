@@ -172,6 +172,10 @@ def _stage_estimate(shape, stage, dp, tp, pp, cp, *, seq_len, micro_batch, zero_
         transient += one.params + one.grads
     if stage == 0:  # the embedding's position indices and, under TP, its ids and mask
         activations += in_flight * embedding_bytes(s, b, pos=shape.pos, tp_size=t)
+    if stage > 0 and shape.norm == "rmsnorm" and e < 4 and recompute != "full":
+        # the received activation, kept for its gradient: the first RMSNorm keeps an fp32 copy, not
+        # it (in fp32 it keeps this very tensor; a LayerNorm or a checkpointed block keeps it too)
+        activations += in_flight * s * b * shape.d_model * e // (t if sequence_parallel else 1)
     if stage < pp - 1:  # each micro-batch's output, sent on and kept until its backward (b s h, /t with SP)
         activations += in_flight * s * b * shape.d_model * e // (t if sequence_parallel else 1)
     if stage == pp - 1:  # the final norm and the loss's log-softmax (b s V/t), kept; the logits
