@@ -71,7 +71,7 @@ def grid_rows() -> list[str]:
     """The estimator against the meter on real ranks: tests/test_estimate_grid.py's cases, one row
     per pipeline stage (its ranks measure alike; the test checks every rank)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import test_estimate_grid as grid  # noqa: E402 (the test's cases, launches and estimate)
+    import test_estimate_grid as grid  # the test's cases, launches and estimate
 
     runs, rows = grid.launch_grid(), []
     for i, (family, degrees, kw) in enumerate(grid.CASES):

@@ -1,11 +1,11 @@
 """What tests/test_estimate_grid.py's ranks run: one step of a composed run, measured by the meter.
 
-For each case, a rank builds the tiny fp32 model, composes it with ``parallelize_gpt``, takes one
-AdamW step unmeasured (the optimizer states exist from then on) and measures the second: model
-states by the memory meter around ``zero_grad(); forward_backward(); step()``, activations as the
-meter counts them at the end of a forward (one stage: the rank's whole forward; a pipeline: each
-micro-batch's chunk forward, summed over those in flight, by the pipeline runtime's own meter).
-"""
+For each case, a rank builds the tiny model (fp32, or all in bf16), composes it with
+``parallelize_gpt``, takes one AdamW step unmeasured (the optimizer states exist from then on)
+and measures the second: model states by the memory meter around ``forward_backward(); step();
+zero_grad()``. Then activations, as the meter counts them at the end of a forward: one stage,
+the rank's whole forward; a pipeline, one micro-batch's chunk forward times the most micro-batches
+the pipeline runtime held at once in a step of the same schedule."""
 
 from __future__ import annotations
 
@@ -66,9 +66,10 @@ def step_counter_bytes(optimizer) -> int:
 
 
 def _settle(pm) -> None:
-    """Wait until gloo's worker threads have dropped the buffers of the collectives just run: they
-    release a finished collective's tensors a moment after the rank resumes, and the meter would
-    count such a temporary as kept (tests/test_zero_dist.py saw it on a loaded machine)."""
+    """Let gloo's worker threads drop the buffers of the collectives just run before the forward
+    phase ends: they release a finished collective's tensors a moment after the rank resumes, and
+    the meter would count such a temporary as kept (tests/test_zero_dist.py saw it on a loaded
+    machine; without this wait, a (b, s) or (b, s, h) buffer showed up now and then here)."""
     for _ in range(2):  # in place on a tensor made before the meter started: nothing allocated
         dist.all_reduce(_FLAG, group=pm.group["tp"])
     time.sleep(0.05)
@@ -98,7 +99,8 @@ def _chunk_activations(pm, x, y) -> int:
 
 def _pipeline_activations(pm, x, y) -> int:
     """The most activation bytes this stage keeps at once: the most micro-batches it held (counted
-    by the pipeline runtime in the step ``pm.forward_backward`` runs) times one's."""
+    by the pipeline runtime in the step ``pm.forward_backward`` runs, called here as it calls it)
+    times one's."""
     m, model = pm.num_microbatches, pm.model
     seq = x.shape[1] // pm.dims.tp_size if pm.sequence_parallel else x.shape[1]
     sync = pm.data_parallel.no_sync() if pm.data_parallel is not None else contextlib.nullcontext()
