@@ -1,9 +1,12 @@
 """labkit.estimate against measurement, and its speed.
 
-    python scripts/bench_estimate.py [--fake-layers N]
+    python scripts/bench_estimate.py [--fake-layers N] [--no-grid]
 
 Prints (1) the estimator's error against labkit's memory meter on the real model in one process
-on the CPU (Llama blocks with n_kv = a, a/2, 1; b = 1, 2; fp32 and bf16), (2) against PyTorch's
+on the CPU (Llama blocks with n_kv = a, a/2, 1; b = 1, 2; fp32 and bf16), and on gloo ranks over
+tests/test_estimate_grid.py's grid of composed runs (8 and 4 ranks, ~1 minute; each stage's
+ranks measure alike, so one row a stage; GPT-2's block shows Korthikanti's GPU formula against
+the CPU's tensors), (2) against PyTorch's
 MemTracker on one rank of Llama-2-7B (tp 2, with SP, tp 2 x pp 2) and of Llama-2-70B (tp 8) traced
 under FakeTensorMode with torch's fake process group (N layers, default 4; 32 takes minutes), and (3) the time of
 one estimate and of a planner-sized sweep (a calculator in a browser runs the same code, so
@@ -64,6 +67,22 @@ def meter_rows() -> list[str]:
     return rows
 
 
+def grid_rows() -> list[str]:
+    """The estimator against the meter on real ranks: tests/test_estimate_grid.py's cases, one row
+    per pipeline stage (its ranks measure alike; the test checks every rank)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_estimate_grid as grid  # the test's cases, launches and estimate
+
+    runs, rows = grid.launch_grid(), []
+    for i, (family, degrees, kw) in enumerate(grid.CASES):
+        by_stage = {got["stage"]: got for got in grid.ranks(runs, i)}
+        for stage, got in sorted(by_stage.items()):
+            name = f"{grid.SIZES[i]}r {family} {'x'.join(map(str, degrees))} z{kw.get('zero_stage', 0)} " \
+                   f"{kw.get('checkpoint', 'none')[:3]}{' SP' if kw.get('sequence_parallel') else ''} s{stage}"
+            rows.append(_row(name, got, grid.estimate(grid.CASES[i], stage=stage), got["step_counters"]))
+    return rows
+
+
 def fake_rows(n_layer: int) -> list[str]:
     """The estimator against MemTracker on one fake rank (tests/test_estimate_fake.py)."""
     rows = []
@@ -108,9 +127,11 @@ def sweep(shape: str = "llama-3-70b", n_gpus: int = 64, seq_len: int = 8192) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fake-layers", type=int, default=4, help="Llama-2-7B layers to trace (0: skip)")
+    parser.add_argument("--no-grid", action="store_true", help="skip the grid on gloo ranks")
     args = parser.parse_args()
     print(f"{'case':<34}" + "".join(f"{k + ' error':>26}" for k in FIELDS))
-    for row in meter_rows() + (fake_rows(args.fake_layers) if args.fake_layers > 0 else []):
+    for row in (meter_rows() + ([] if args.no_grid else grid_rows())
+                + (fake_rows(args.fake_layers) if args.fake_layers > 0 else [])):
         print(row)
     print()
     dims = SimpleNamespace(dp_size=8, tp_size=8, pp_size=1, cp_size=1)

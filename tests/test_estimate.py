@@ -16,7 +16,7 @@ from labkit.estimate import (GPUS, PRECISIONS, MemoryEstimate, ModelShape, Servi
                              training_memory)
 from labkit.checkpoint import apply_checkpointing
 from labkit.memory import measure_forward_backward, measure_step
-from labkit.memory.analytic import RECOMPUTE, head_bytes, korthikanti_activation_bytes, llama_layer_bytes
+from labkit.memory.analytic import RECOMPUTE, embedding_bytes, head_bytes, korthikanti_activation_bytes, llama_layer_bytes
 from labkit.model import GPTConfig, build_model
 from labkit.paged_attention.analytic import cached_tokens, kv_bytes_per_token_of
 from labkit.precision import OPTIMIZERS, make_optimizer
@@ -121,8 +121,11 @@ def test_under_1f1b_stage_0_holds_all_layers_worth_whatever_p():
         assert est.stage == 0 and est.activations == 32 * per_layer + extra
     gpipe = training_memory(shape, seq_len=4096, micro_batch=1, dims=dims(pp=4), num_microbatches=16,
                             schedule="gpipe")
-    # GPipe keeps all m micro-batches on every stage: the last, with the head, is the most loaded
-    assert gpipe.stage == 3 and gpipe.activations == 16 * (8 * per_layer + head_bytes(4096, 1, 4096, 32000))
+    # GPipe keeps all m micro-batches on every stage: the last, with the head, is the most loaded;
+    # with each its received activation (bf16), beside the fp32 copy its first RMSNorm keeps
+    received = 4096 * 4096 * 2
+    assert gpipe.stage == 3 and gpipe.activations == 16 * (8 * per_layer + head_bytes(4096, 1, 4096, 32000)
+                                                           + received)
 
 
 def test_model_states_follow_zero_and_the_split():
@@ -143,7 +146,8 @@ def test_gpt2_block_uses_korthikanti():
                               recompute=rc, num_microbatches=8)
         layer = korthikanti_activation_bytes(2048, 1, 12288, 96, t, sp, rc)
         outputs = 8 * 2048 * 12288 * 2 // (t if sp else 1)  # 8 micro-batches' stage outputs
-        assert est.stage == 0 and est.activations == round(layer) * 96 + outputs
+        embedding = 8 * embedding_bytes(2048, 1, pos="learned", tp_size=t)  # and their position indices, ids
+        assert est.stage == 0 and est.activations == round(layer) * 96 + outputs + embedding
 
 
 def test_the_precision_names_are_labkit_precisions():

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..memory.analytic import RECOMPUTE, head_bytes, korthikanti_activation_bytes, llama_layer_bytes
+from ..memory.analytic import (RECOMPUTE, embedding_bytes, head_bytes, korthikanti_activation_bytes,
+                               llama_layer_bytes)
 from ..pipeline.analytic import max_in_flight
 from ..pipeline.schedules import SCHEDULES
 from ..shapes import ModelShape, preset
@@ -91,8 +92,9 @@ def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp
 def training_memory(shape, *, seq_len: int, micro_batch: int, dims=None, zero_stage: int = 0,
                     recompute: str = "none", sequence_parallel: bool = False, num_microbatches: int = 1,
                     schedule: str = "1f1b", v: int = 1, precision: str = "bf16-mixed",
-                    optimizer: str = "adamw", offload: bool = False) -> MemoryEstimate:
-    """Bytes per GPU of the most loaded rank of a run (a :class:`MemoryEstimate`).
+                    optimizer: str = "adamw", offload: bool = False, stage: int | None = None) -> MemoryEstimate:
+    """Bytes per GPU of the most loaded rank of a run (a :class:`MemoryEstimate`), or of a rank of
+    pipeline ``stage`` (0 to pp - 1) when given: every rank of a stage holds the same bytes.
 
     ``shape``: a ``ModelShape`` (or a preset name, a ``GPTConfig``, a config.json dict);
     ``dims``: any object with ``dp_size``, ``tp_size``, ``pp_size``, ``cp_size`` (such as
@@ -114,6 +116,8 @@ def training_memory(shape, *, seq_len: int, micro_batch: int, dims=None, zero_st
     dp, tp, pp, cp = _degrees(dims)
     args = _check_args(shape, seq_len, micro_batch, tp, pp, cp, zero_stage, recompute, sequence_parallel,
                        num_microbatches, schedule, v, precision, optimizer, offload)
+    if stage is not None:
+        return _stage_estimate(shape, check_int("stage", stage, 0, pp - 1), dp, tp, pp, cp, **args)
     stages = sorted({0, pp - 1})
     per_stage = [_stage_estimate(shape, stage, dp, tp, pp, cp, **args) for stage in stages]
     return max(per_stage, key=lambda est: (est.total, -est.stage))
@@ -166,6 +170,12 @@ def _stage_estimate(shape, stage, dp, tp, pp, cp, *, seq_len, micro_batch, zero_
     if zero_stage == 3 and dp * cp > 1:  # one layer's parameters gathered whole, and their gradients
         one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, optimizer)
         transient += one.params + one.grads
+    if stage == 0:  # the embedding's position indices and, under TP, its ids and mask
+        activations += in_flight * embedding_bytes(s, b, pos=shape.pos, tp_size=t)
+    if stage > 0 and shape.norm == "rmsnorm" and e < 4 and recompute != "full":
+        # the received activation, kept for its gradient: the first RMSNorm keeps an fp32 copy, not
+        # it (in fp32 it keeps this very tensor; a LayerNorm or a checkpointed block keeps it too)
+        activations += in_flight * s * b * shape.d_model * e // (t if sequence_parallel else 1)
     if stage < pp - 1:  # each micro-batch's output, sent on and kept until its backward (b s h, /t with SP)
         activations += in_flight * s * b * shape.d_model * e // (t if sequence_parallel else 1)
     if stage == pp - 1:  # the final norm and the loss's log-softmax (b s V/t), kept; the logits

@@ -15,6 +15,7 @@ from ..validate import check_bool, check_choice, check_int
 __all__ = [
     "ModelStateBytes", "model_state_bytes", "RECOMPUTE",
     "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes", "llama_layer_bytes", "head_bytes",
+    "embedding_bytes",
 ]
 
 # What a layer keeps under recomputation (Korthikanti et al. 2022): everything, all but the
@@ -203,8 +204,10 @@ def head_bytes(seq_len: int, batch_size: int, d_model: int, vocab_size: int, *, 
     """Bytes the model's head keeps for backward, per rank: the final norm (RMSNorm's terms as in
     :func:`llama_layer_bytes`, or LayerNorm's input, output and fp32 mean and rstd), the
     log-softmax of this rank's logits that the cross-entropy keeps (b s V/t e, the vocabulary
-    padded to a multiple of t) and the loss with its weight (2e). Exact for labkit's
-    single-process model on the CPU."""
+    padded to a multiple of t) and the loss with its weight (2e); under tensor parallelism the
+    vocabulary-parallel loss keeps, instead of the weight, each row's target index in this rank's
+    columns (int64), whether this rank holds it and whether it counts (bool each), and the count
+    (int64): 10bs + 8 bytes. Exact for labkit's model on the CPU."""
     s, b, h, V, t = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
                                                    ("d_model", d_model), ("vocab_size", vocab_size),
                                                    ("tp_size", tp_size)))
@@ -215,4 +218,17 @@ def head_bytes(seq_len: int, batch_size: int, d_model: int, vocab_size: int, *, 
         norm_bytes = (4 * s * b * h + 4 * b * s + 2 * s * b * h * e) // r
     else:  # input and output, fp32 mean and rstd
         norm_bytes = (2 * s * b * h * e + 8 * b * s) // r
-    return norm_bytes + b * s * -(-V // t) * e + 2 * e
+    loss = 2 * e if t == 1 else e + 10 * b * s + 8
+    return norm_bytes + b * s * -(-V // t) * e + loss
+
+
+def embedding_bytes(seq_len: int, batch_size: int, *, pos: str = "rope", tp_size: int = 1) -> int:
+    """Bytes the model's embedding keeps for backward, per rank (the token ids are the step's
+    input, not kept by it): a learned position table's indices (int64, 8s); under tensor
+    parallelism the vocabulary-parallel lookup's ids in this rank's rows (int64) and the mask of
+    those it does not hold (bool), 9bs. Rotary positions keep nothing (cos and sin are buffers).
+    Exact for labkit's model on the CPU."""
+    s, b, t = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
+                                               ("tp_size", tp_size)))
+    check_choice("pos", pos, ("learned", "rope"))
+    return (8 * s if pos == "learned" else 0) + (9 * b * s if t > 1 else 0)

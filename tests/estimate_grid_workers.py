@@ -1,0 +1,164 @@
+"""What tests/test_estimate_grid.py's ranks run: one step of a composed run, measured by the meter.
+
+For each case, a rank builds the tiny model (fp32, or all in bf16), composes it with
+``parallelize_gpt``, takes one AdamW step unmeasured (the optimizer states exist from then on)
+and measures the second: model states by the memory meter around ``forward_backward(); step();
+zero_grad()``. Then activations, as the meter counts them at the end of a forward: one stage,
+the rank's whole forward; a pipeline, one micro-batch's chunk forward times the most micro-batches
+the pipeline runtime held at once in a step of the same schedule."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labkit.memory import MemoryMeter
+from labkit.memory.meter import optimizer_tensors
+from labkit.model import GPTConfig, build_model
+from labkit.parallel import ParallelDims, parallelize_gpt
+from labkit.pipeline import run_schedule
+from labkit.runs.pipeline import make_batch
+
+# the two families, tiny: GPT-2's block (LayerNorm, GELU, learned positions, tied embeddings) and
+# the Llama block with grouped-query attention (RMSNorm, SwiGLU, rotary, untied, no biases)
+FAMILIES = {
+    "gpt2": dict(n_layer=4, d_model=32, n_head=4, vocab_size=64, seq_len=16),
+    "llama-gqa": dict(n_layer=4, d_model=32, n_head=4, n_kv_head=2, d_ff=48, vocab_size=64, seq_len=16,
+                      norm="rmsnorm", mlp="swiglu", pos="rope", tie_embeddings=False, bias=False),
+}
+# labkit.estimate's precisions a plain torch optimizer runs: everything in one dtype
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_FLAG = torch.zeros(1)
+
+
+class _Held(nn.Module):
+    """The parameters a rank holds and trains (its stage's; ZeRO-3: its shards), for the meter:
+    with a pipeline every rank built the whole model, and only its stage's part is its share.
+    ZeRO-1/2 also: the optimizer's slices of them, which hold the sharded gradients."""
+
+    def __init__(self, pm, optimizer):
+        super().__init__()
+        params = pm.parameters()
+        seen = {id(p) for p in params}
+        slices = [s for *_, s in optimizer.shard_entries()] if hasattr(optimizer, "shard_entries") else []
+        self.held = nn.ParameterList(params + [s for s in slices if id(s) not in seen])
+
+
+class _States:
+    """What the meter labels optimizer states: the optimizer's own (ZeRO-1/2: the inner one's)."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def state_tensors(self):
+        return optimizer_tensors(self.optimizer)
+
+
+def step_counter_bytes(optimizer) -> int:
+    """Bytes of torch Adam's ``step`` counters (a 4-byte tensor per parameter tensor it steps;
+    ZeRO-1/2: per flat shard): on a GPU they stay on the host, and the estimator leaves them out."""
+    inner = getattr(optimizer, "inner", optimizer)
+    return sum(s["step"].untyped_storage().nbytes() for s in inner.state.values() if "step" in s)
+
+
+def _settle(pm) -> None:
+    """Let gloo's worker threads drop the buffers of the collectives just run before the forward
+    phase ends: they release a finished collective's tensors a moment after the rank resumes, and
+    the meter would count such a temporary as kept (tests/test_zero_dist.py saw it on a loaded
+    machine; without this wait, a (b, s) or (b, s, h) buffer showed up now and then here)."""
+    for _ in range(2):  # in place on a tensor made before the meter started: nothing allocated
+        dist.all_reduce(_FLAG, group=pm.group["tp"])
+    time.sleep(0.05)
+
+
+def _chunk_activations(pm, x, y) -> int:
+    """Bytes one micro-batch's forward keeps on this stage (its chunk; v = 1): the received
+    activation (allocated in the forward, as the receive allocates it, and kept for backward),
+    the chunk's saved tensors, its output sent on (kept until backward) or, on the last stage, the
+    loss. The graph is then dropped: no backward, so no collective is left waiting."""
+    chunk, stage, mb = pm.chunks[0], pm.coords.pp, x.shape[0] // pm.num_microbatches
+    seq = x.shape[1] // pm.dims.tp_size if pm.sequence_parallel else x.shape[1]
+    with MemoryMeter() as meter:
+        with meter.phase("forward"):
+            if stage == 0:
+                kept = chunk(x[:mb])
+            else:
+                h = torch.empty(mb, seq, pm.model.cfg.d_model, dtype=pm.model.wte.weight.dtype).normal_()
+                h.requires_grad_()
+                kept = (h, chunk(h))
+            if pm.is_last_stage:
+                kept = (h, pm.model.loss(kept[1], y[:mb]))  # the logits are freed once the loss is taken
+            _settle(pm)
+    del kept
+    return meter.report().activations
+
+
+def _pipeline_activations(pm, x, y) -> int:
+    """The most activation bytes this stage keeps at once: the most micro-batches it held (counted
+    by the pipeline runtime in the step ``pm.forward_backward`` runs, called here as it calls it)
+    times one's."""
+    m, model = pm.num_microbatches, pm.model
+    seq = x.shape[1] // pm.dims.tp_size if pm.sequence_parallel else x.shape[1]
+    sync = pm.data_parallel.no_sync() if pm.data_parallel is not None else contextlib.nullcontext()
+    with sync:  # the gradients are not needed: no data-parallel reduction
+        res = run_schedule(pm.chunks, pm.actions, rank=pm.coords.pp, pp_size=pm.dims.pp_size,
+                           inputs=x.chunk(m), targets=y.chunk(m), loss_fn=model.loss,
+                           act_shape=(x.shape[0] // m, seq, model.cfg.d_model), act_dtype=model.wte.weight.dtype,
+                           device=x.device, group=pm.group["pp"], ranks=pm.pp_ranks, tied=model.wte.weight,
+                           count_saved=False)
+    return res.peak_live * _chunk_activations(pm, x, y)
+
+
+def _local_activations(pm, x, y) -> int:
+    """Activation bytes at the end of this rank's forward (one stage, one micro-batch); the backward
+    then runs, unmeasured, so every rank's collectives match."""
+    net = pm.fsdp or pm.model
+    with MemoryMeter() as meter:
+        with meter.phase("forward"):
+            loss = net(x, y)
+            _settle(pm)
+    loss.backward()
+    return meter.report().activations
+
+
+def measure_case(family, degrees, kwargs, global_batch=8, seed=0) -> dict:
+    """One case on this rank (``kwargs``: parallelize_gpt's, and ``precision``, "fp32" or "bf16"):
+    the meter's params, grads, optimizer (max over the step), the activations it kept, Adam's
+    step counters, and the rank's pipeline stage."""
+    dp, tp, pp = degrees
+    kwargs = dict(kwargs)
+    dtype = DTYPES[kwargs.pop("precision", "fp32")]  # the model's and so AdamW's states' dtype
+    cfg = GPTConfig(**FAMILIES[family])
+    dims = ParallelDims(dp_size=dp, tp_size=tp, pp_size=pp)
+    torch.manual_seed(seed)
+    pm = parallelize_gpt(build_model(cfg, dtype=dtype), dims, dims.build_mesh("cpu"), **kwargs)
+    opt = pm.build_optimizer(torch.optim.AdamW, lr=1e-3)
+    x, y = pm.shard_batch(*make_batch(cfg, global_batch, seed))
+    pm.forward_backward(x, y)  # the optimizer states exist from this first step on
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    # phases as labkit.memory.train_step's: what holds a gradient when backward ends is labelled a
+    # gradient; what the step allocates and zero_grad frees (ZeRO-1's reduce-scattered shard of
+    # the gradients, the input of its inner optimizer) is a temporary of the step
+    with MemoryMeter(_Held(pm, opt), _States(opt)) as meter:
+        with meter.phase("backward"):
+            pm.forward_backward(x, y)
+        with meter.phase("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    states = meter.report().max_by_category
+    acts = _pipeline_activations(pm, x, y) if pp > 1 else _local_activations(pm, x, y)
+    opt.zero_grad(set_to_none=True)
+    return {"params": states["parameters"], "grads": states["gradients"], "optimizer": states["optimizer"],
+            "activations": acts, "step_counters": step_counter_bytes(opt), "stage": pm.coords.pp,
+            "micro_batch": x.shape[0] // pm.num_microbatches}
+
+
+def grid_rank(rank, world_size, cases, global_batch=8, seed=0) -> list[dict]:
+    """Every case of ``cases`` ((family, (dp, tp, pp), parallelize_gpt's keywords)), in turn."""
+    torch.set_num_threads(1)
+    return [measure_case(family, degrees, kwargs, global_batch, seed) for family, degrees, kwargs in cases]

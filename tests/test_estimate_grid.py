@@ -1,0 +1,144 @@
+"""labkit.estimate against the memory meter on real ranks: a grid of composed runs on 8 and 4 gloo ranks.
+
+One launch of 8 ranks serves most cases, one of 4 ranks a few more: data x tensor x pipeline
+degrees, ZeRO 0-3 (where parallelize_gpt composes them: stages 2 and 3 refuse a pipeline and
+sequence parallelism, stage 3 checkpointing), recomputation none / selective / full, sequence
+parallelism, 1F1B and GPipe, for GPT-2's block (tied embeddings, learned positions) and the Llama
+block with grouped-query attention. Each rank takes an AdamW step under ``parallelize_gpt``, in fp32 or all in bf16,
+and measures it (tests/estimate_grid_workers.py).
+
+What must be equal, to the byte, on every rank (``training_memory(..., stage=s)`` for the rank's
+pipeline stage s) and so on the most loaded one (the estimate without ``stage``):
+
+- parameters, gradients and optimizer states, every case. The estimator pads one flat group
+  per rank as ZeRO pads; labkit pads each bucket (ZeRO-1/2) or unit (ZeRO-3), and here every one
+  of them already divides by dp, so both pad nothing. torch's Adam keeps a 4-byte ``step``
+  tensor per tensor it steps, on the host on a GPU: the estimator leaves it out, the CPU's meter
+  counts it, and the comparison adds it, counted from the optimizer's state.
+- activations, for the Llama block (every case) and for GPT-2's block under full recomputation
+  in fp32 (a block keeps its input only; in bf16 the final LayerNorm's statistics are bf16 on the
+  CPU, fp32 on a GPU as the estimator counts them). GPT-2's block without full recomputation is estimated with
+  Korthikanti et al.'s GPU formula (1-byte dropout masks, no LayerNorm statistics), which the
+  CPU does not follow; there, with one tensor-parallel rank and one stage, the meter equals
+  labkit's exact CPU count (``labkit.memory.analytic.activation_bytes``) instead, and
+  scripts/bench_estimate.py prints the formula's error. A pipeline stage's activations are the
+  most micro-batches the runtime held at once times one micro-batch's forward (see the worker).
+
+The estimate's ``transient`` (logits, a gathered ZeRO-3 unit, a recomputed layer) is a peak
+above these and is not compared here.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from labkit.dist import launch
+from labkit.estimate import ModelShape, training_memory
+from labkit.memory.analytic import activation_bytes
+from labkit.model import GPTConfig
+from estimate_grid_workers import FAMILIES, grid_rank
+
+GLOBAL_BATCH = 8
+# (family, (dp, tp, pp), parallelize_gpt's keywords); the Llama block's 2 KV heads allow tp <= 2
+CASES = [
+    ("llama-gqa", (2, 2, 2), dict(num_microbatches=2)),
+    ("llama-gqa", (2, 2, 2), dict(zero_stage=1, sequence_parallel=True, checkpoint="selective", num_microbatches=2)),
+    ("llama-gqa", (2, 2, 2), dict(zero_stage=1, checkpoint="full", schedule="gpipe", num_microbatches=4)),
+    ("llama-gqa", (2, 1, 4), dict(zero_stage=1, num_microbatches=4)),
+    ("llama-gqa", (4, 2, 1), dict(zero_stage=1, sequence_parallel=True, checkpoint="full")),
+    ("llama-gqa", (4, 2, 1), dict(zero_stage=2, checkpoint="selective")),
+    ("llama-gqa", (4, 2, 1), dict(zero_stage=3)),
+    ("llama-gqa", (8, 1, 1), dict(zero_stage=3)),
+    ("gpt2", (2, 2, 2), dict(checkpoint="full", num_microbatches=2)),
+    ("gpt2", (1, 4, 2), dict(sequence_parallel=True, checkpoint="full", num_microbatches=2)),
+    ("gpt2", (2, 2, 2), dict(zero_stage=1, sequence_parallel=True, checkpoint="selective", num_microbatches=2)),
+    ("gpt2", (2, 4, 1), dict(zero_stage=2, checkpoint="full")),
+    ("gpt2", (4, 2, 1), dict(zero_stage=3)),
+    ("gpt2", (8, 1, 1), dict(zero_stage=3)),
+]
+CASES_4 = [  # and on 4 ranks, in a second launch
+    ("llama-gqa", (1, 2, 2), dict(checkpoint="selective", num_microbatches=2)),
+    ("gpt2", (1, 1, 4), dict(checkpoint="full", num_microbatches=4)),
+    ("gpt2", (2, 2, 1), dict(zero_stage=1, checkpoint="full")),
+    ("llama-gqa", (2, 1, 2), dict(zero_stage=1, num_microbatches=2, precision="bf16")),
+    ("llama-gqa", (2, 2, 1), dict(zero_stage=3, precision="bf16")),
+    ("gpt2", (1, 2, 2), dict(checkpoint="full", sequence_parallel=True, num_microbatches=2, precision="bf16")),
+]
+SIZES = [8] * len(CASES) + [4] * len(CASES_4)
+CASES = CASES + CASES_4
+IDS = [f"{n}ranks-{f}-{d}-" + ",".join(f"{k}={v}" for k, v in kw.items()) for n, (f, d, kw) in zip(SIZES, CASES)]
+
+
+def launch_grid() -> list[list[dict]]:
+    """Each rank's results, case by case (the 8-rank launch's cases, then the 4-rank launch's)."""
+    eight = launch(grid_rank, 8, cases=CASES[:SIZES.count(8)], global_batch=GLOBAL_BATCH, backend="gloo",
+                   timeout_s=120, join_timeout_s=600)
+    four = launch(grid_rank, 4, cases=CASES[SIZES.count(8):], global_batch=GLOBAL_BATCH, backend="gloo",
+                  timeout_s=120, join_timeout_s=600)
+    return [eight[r] + (four[r] if r < 4 else []) for r in range(8)]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return launch_grid()
+
+
+def ranks(runs, i):
+    """The results of case i on each rank that ran it."""
+    return [r[i] for r in runs if i < len(r)]
+
+
+def estimate(case, stage=None):
+    """The estimator's answer for a case: AdamW, everything in fp32 (or bf16, the case's ``precision``)."""
+    family, (dp, tp, pp), kw = case
+    m = kw.get("num_microbatches", 1)
+    dims = SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp)
+    return training_memory(ModelShape.from_config(GPTConfig(**FAMILIES[family])), seq_len=FAMILIES[family]["seq_len"],
+                           micro_batch=GLOBAL_BATCH // dp // m, dims=dims,
+                           zero_stage=kw.get("zero_stage", 0), recompute=kw.get("checkpoint", "none"),
+                           sequence_parallel=kw.get("sequence_parallel", False), num_microbatches=m,
+                           schedule=kw.get("schedule", "1f1b"), precision=kw.get("precision", "fp32"),
+                           optimizer="adamw", stage=stage)
+
+
+def activations_exact(case) -> bool:
+    """Where the estimator's activations are labkit's model's on the CPU (the module docstring)."""
+    family, _, kw = case
+    return family == "llama-gqa" or (kw.get("checkpoint") == "full" and kw.get("precision", "fp32") == "fp32")
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
+def test_model_states_per_rank_equal_the_meter_to_the_byte(runs, i):
+    for rank, got in enumerate(ranks(runs, i)):
+        est = estimate(CASES[i], stage=got["stage"])
+        assert (got["params"], got["grads"]) == (est.params, est.grads), (rank, got, est)
+        assert got["optimizer"] == est.optimizer + got["step_counters"], (rank, got, est)  # Adam's `step`s
+
+
+# the Llama block and full recomputation: the estimate; GPT-2's block on one tensor-parallel rank
+# and one stage: labkit's exact CPU count; the rest (GPT-2's block, t or p > 1): no exact count
+ACTIVATION_CASES = [i for i, (family, (_, tp, pp), kw) in enumerate(CASES)
+                    if activations_exact(CASES[i]) or tp == pp == 1]
+
+
+@pytest.mark.parametrize("i", ACTIVATION_CASES, ids=[IDS[i] for i in ACTIVATION_CASES])
+def test_activations_per_rank_equal_the_meter_where_it_is_exact_on_the_cpu(runs, i):
+    family, (dp, _, _), kw = CASES[i]
+    for rank, got in enumerate(ranks(runs, i)):
+        if activations_exact(CASES[i]):
+            want = estimate(CASES[i], stage=got["stage"]).activations
+        else:
+            e = 2 if kw.get("precision") == "bf16" else 4  # labkit's count, with the CPU's conventions
+            want = activation_bytes(GPTConfig(**FAMILIES[family]), GLOBAL_BATCH // dp, dtype_bytes=e,
+                                    device_type="cpu").total
+        assert got["activations"] == want, (rank, got["activations"], want)
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
+def test_the_estimate_is_the_most_loaded_stage_of_those_the_ranks_hold(runs, i):
+    est = estimate(CASES[i])
+    assert est == estimate(CASES[i], stage=est.stage)
+    stages = {got["stage"] for got in ranks(runs, i)}
+    assert est.stage in stages and est.total == max(estimate(CASES[i], stage=s).total for s in stages)
