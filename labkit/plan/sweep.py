@@ -54,7 +54,8 @@ def cp_degrees(seq_len: int, num_gpus: int, context_parallel=None) -> tuple[int,
     for cp in degrees:
         check_int("context_parallel", cp, 1)
         if num_gpus % cp:
-            raise ValueError(f"context_parallel={degrees!r}: cp={cp} must divide num_gpus={num_gpus}")
+            raise ValueError(f"context_parallel={degrees!r}: each degree must divide num_gpus={num_gpus}; "
+                             f"{cp} does not")
         try:
             check_cp_seq_len(seq_len, cp, "zigzag")
         except ValueError as err:
