@@ -48,9 +48,12 @@ KNOBS = ("gpu", "seq_len", "micro_batch", "dp_size", "tp_size", "pp_size", "zero
 # (another edition adds its own entry; the words the calculators show once loaded are in
 # browser/calculator_ui.py's TRANSLATIONS).
 LOADING = {"en": ("Loading the calculator: it runs the course's Python (labkit) in this page. If "
-                  "this message stays, the calculator could not load (it needs JavaScript).")}
+                  "this message stays, the calculator could not load (it needs JavaScript)."),
+           "zh_CN": "正在加载计算器：它在本页中运行课程的 Python 代码（labkit）。如果这条消息一直不消失，"
+                    "说明计算器未能加载（它需要 JavaScript）。"}
 NOT_LOADED = {"en": ("The calculator could not load: its Python runtime (_static/calculators/"
-                     "brython.js) is missing from this copy of the book.")}
+                     "brython.js) is missing from this copy of the book."),
+              "zh_CN": "计算器未能加载：本书的这份副本中缺少它的 Python 运行时（_static/calculators/brython.js）。"}
 # Shown by JavaScript when the Python runtime did not load at all.
 NOT_LOADED_JS = """window.addEventListener('load', function () {
   if (typeof __BRYTHON__ !== 'undefined') return;

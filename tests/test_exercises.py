@@ -554,6 +554,7 @@ def causal_pairs_of_rank(seq_len, cp_size, rank, layout):
     chunks = [rank] if layout == "contiguous" else [rank, 2 * cp_size - 1 - rank]
     c = seq_len // n
     return sum((2 * j + 1) * c * c // 2 for j in chunks)
+'''),
     ("09_planning", "q1", "the fp32 master weights forgotten (8 bytes of optimizer state, not 12)", '''
 def min_dp_size(n_params, gpu_bytes, zero_stage, activation_bytes=0):
     if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):

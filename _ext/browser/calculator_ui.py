@@ -74,7 +74,26 @@ LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer 
 
 # The words the calculators show, by page language (<html lang>, from Sphinx's ``language``):
 # TRANSLATIONS["zh_CN"] = {"preset": "...", ...}; a phrase missing from it is shown in English.
-TRANSLATIONS = {}
+TRANSLATIONS = {"zh_CN": {
+    "preset": "预设模型", "layers": "层数", "heads": "头数", "KV heads": "KV 头数", "vocab": "词表",
+    "sequence length": "序列长度", "micro-batch": "微批次", "data-parallel GPUs N_d": "数据并行 GPU 数 N_d",
+    "tensor-parallel t": "张量并行 t", "pipeline stages p": "流水线阶段数 p", "ZeRO stage": "ZeRO 阶段",
+    "recomputation": "重计算", "sequence parallelism": "序列并行", "precision": "精度",
+    "optimizer": "优化器", "bytes per weight": "每个权重的字节数", "bytes per KV element": "每个 KV 元素的字节数",
+    "context length": "上下文长度", "memory utilisation": "显存利用率", "GPUs": "GPU 数",
+    "GPUs per node": "每节点 GPU 数", "global batch": "全局批次", "micro-batches b tried": "尝试的微批次 b",
+    "interleave v tried": "尝试的交错度 v", "recompute": "重计算", "step": "步时", "memory": "显存",
+    "parameters": "参数", "gradients": "梯度", "optimizer states": "优化器状态", "activations": "激活值",
+    "transient peaks": "临时峰值", "weights": "权重", "forward peak": "前向峰值",
+    "non-PyTorch": "非 PyTorch", "KV cache": "KV 缓存", "total per GPU": "每个 GPU 合计",
+    "GPU memory": "GPU 显存", "KV blocks": "KV 块", "tokens cached": "缓存的 token 数",
+    "requests of {n} tokens": "{n} 个 token 的请求数", "fits": "放得下",
+    "does not fit: no request of this length fits": "放不下：连一个这种长度的请求都放不下",
+    "fits in {capacity}": "放得下，上限 {capacity}", "does not fit: {total} of {capacity}": "放不下：{total}，上限 {capacity}",
+    " configurations sized, ": " 种配置已估算，", " fit.": " 种放得下。", "Nothing fits: ": "没有配置放得下：",
+    "The fastest plan's memory per GPU (limit {limit}):": "最快方案每个 GPU 的显存（上限 {limit}）：",
+    "The calculator could not start: ": "计算器未能启动：",
+}}
 LANG = (document.documentElement.lang or "en").replace("-", "_")
 
 
