@@ -22,9 +22,9 @@ Assumptions, all of them:
   recomputed, and with it the ring). A cp group spans t cp consecutive ranks: on NVLink when
   t cp <= gpus_per_node, else on the network. The sends overlap the blocks' compute (the ring
   posts the next transfer before computing the current block): in forward, cp - 1 transfers hide
-  behind cp - 1 blocks of ``labkit.context_parallel.block_flops`` (an unmasked (s/cp) x (s/cp)
-  block of the rank's heads, as the FLOP count above counts attention; causal work halves both,
-  the zigzag layout keeping ranks equal), in backward behind twice that compute; only what lasts
+  behind cp - 1 blocks of ``labkit.context_parallel.block_flops`` (an (s/cp) x (s/cp) block of
+  the rank's heads, unmasked, as the FLOP count above counts attention), in backward behind twice
+  that compute (its matmuls are twice the forward's); only what lasts
   longer than the compute adds to the step (the FLOPs-against-bytes test of
   ``labkit.context_parallel.hide_chunk_tokens``, on the group's link and at ``efficiency``).
 - Data parallelism: ring all-reduce of the rank's 2-byte gradients over the N_d cp ranks that

@@ -41,8 +41,10 @@ def cp_degrees(seq_len: int, num_gpus: int, context_parallel=None) -> tuple[int,
     """The context-parallel degrees the planner weighs. ``None``: 1, and when ``seq_len`` is at
     least ``CP_MIN_SEQ_LEN`` (16384) every power of two cp > 1 that divides ``num_gpus`` with
     2 cp dividing ``seq_len`` (the zigzag layout's chunks). Shorter sequences keep cp = 1: their
-    activations fit without it, and Llama 3 trained its 8K stage without it (Grattafiori et al.
-    2024, Table 4). A tuple: those degrees, each dividing ``num_gpus`` and 2 cp ``seq_len``."""
+    activations fit without it, Llama 3 trained its 8K stage without it (Grattafiori et al. 2024,
+    Table 4), and the step-time model, which lets the ring hide behind compute but not tensor
+    parallelism's all-reduces, would trade t for cp there on that difference alone. A tuple:
+    those degrees, each dividing ``num_gpus`` and 2 cp ``seq_len``."""
     if context_parallel is None:
         return (1,) + tuple(2 ** k for k in range(1, num_gpus.bit_length())
                             if seq_len >= CP_MIN_SEQ_LEN and num_gpus % 2 ** k == 0 and seq_len % 2 ** (k + 1) == 0)
