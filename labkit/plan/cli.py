@@ -20,6 +20,7 @@ __all__ = ["main", "build_parser"]
 EXAMPLES = """examples:
   python -m labkit.plan train --model llama-3-70b --gpu h100-sxm --num-gpus 64 --seq-len 8192 --global-batch 512
   python -m labkit.plan train --model llama-2-7b --gpu a100-80gb --num-gpus 1 --seq-len 4096 --global-batch 8 --top 3
+  python -m labkit.plan train --model llama-3.1-405b --gpu h100-sxm --num-gpus 16384 --seq-len 131072 --global-batch 128 --cp 1,16
   python -m labkit.plan serve --model llama-3-8b --gpu a100-80gb --context-len 4096
   python -m labkit.plan serve --config path/to/config.json --gpu h100-sxm --num-gpus 8 --context-len 8192 --json
   python -m labkit.plan --list-models
@@ -60,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--micro-batches", type=_ints, default=(1, 2, 4, 8), help="b to try, e.g. 1,2,4")
     train.add_argument("--zero-stages", type=_ints, default=(0, 1, 2, 3), help="e.g. 0,1")
     train.add_argument("--recompute", default=",".join(RECOMPUTE), help="e.g. none,full")
+    train.add_argument("--cp", "--context-parallel", dest="context_parallel", type=_ints, default=None,
+                       help="context-parallel degrees to try, e.g. 1,2,4 (default: 1, and powers of two from 16384 tokens)")
     train.add_argument("--precision", default="bf16-mixed", help="bf16-mixed (default), fp16-mixed, bf16, fp32, ...")
     train.add_argument("--offload", action="store_true", help="weigh ZeRO-Offload too (states on the CPU)")
     train.add_argument("--efficiency", type=float, default=0.5, help="share of the dense peak compute reaches")
@@ -109,7 +112,8 @@ def _train(args, fail):
                          micro_batches=args.micro_batches, zero_stages=args.zero_stages,
                          recompute=tuple(args.recompute.split(",")), efficiency=args.efficiency,
                          precision=args.precision, offload=(False, True) if args.offload else (False,),
-                         network_gbps=args.network_gbps, memory_fraction=args.memory_fraction)
+                         network_gbps=args.network_gbps, memory_fraction=args.memory_fraction,
+                         context_parallel=args.context_parallel)
 
 
 def _serve(args, fail):

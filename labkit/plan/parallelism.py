@@ -1,7 +1,7 @@
 """Chapter 6's planner, a special case of :func:`labkit.plan.plan_training`.
 
 ``plan_parallelism(cfg, gpu, n_gpus, gpus_per_node, global_batch)`` weighs what Chapter 6 does:
-ZeRO 0 and 1, stages of equal layer counts, v from 1 to 8, and returns its :class:`Plan` s, the
+ZeRO 0 and 1, stages of equal layer counts, v from 1 to 8, no context parallelism, and returns its :class:`Plan` s, the
 chapter's names (t, p, dp, zero); memory and step time are ``plan_training``'s (the estimator
 and :mod:`labkit.plan.steptime`). ``plan_memory``: one configuration's (model-state bytes,
 activation bytes) per GPU of the most loaded stage, from ``labkit.estimate.training_memory``.
@@ -119,7 +119,8 @@ def plan_parallelism(cfg, gpu, n_gpus: int, gpus_per_node: int, global_batch: in
                           zero_stages=zero_stages, recompute=recompute, sequence_parallel=sequence_parallel,
                           interleave=tuple(range(1, 9)) if interleave is None else tuple(interleave),
                           dtype=dtype, efficiency=efficiency, network_gbps=network_gbps, nvlink_gbps=nvlink_gbps,
-                          memory_fraction=memory_fraction, even_stages=True, include_infeasible=True)
+                          memory_fraction=memory_fraction, even_stages=True, include_infeasible=True,
+                          context_parallel=(1,))
     plans = [_plan(pl) for pl in found.plans]
     fitting = plans if include_infeasible else [pl for pl in plans if pl.fits]
     if not fitting:

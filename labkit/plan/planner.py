@@ -1,8 +1,8 @@
-"""Plan a training run: every (t, p, v, N_d, ZeRO, recomputation, b, m) that fits, fastest first.
+"""Plan a training run: every (t, cp, p, v, N_d, ZeRO, recomputation, b, m) that fits, fastest first.
 
 Memory per GPU is ``labkit.estimate.training_memory`` (the most loaded rank); a plan fits when
 its total is at most ``memory_fraction`` of the GPU's memory (nvidia-smi's total). Step time and
-MFU are :mod:`labkit.plan.steptime`'s model. A *layout* (t, p, N_d) where no configuration fits
+MFU are :mod:`labkit.plan.steptime`'s model. A *layout* (t, cp, p, N_d) where no configuration fits
 is reported with the term that overflowed in its leanest configuration: adding the terms in the
 order params, grads, optimizer, activations, transient, the first that passes the limit, with
 the total so far ("activations: 91.2 GB of 77.3 GB").
@@ -16,7 +16,7 @@ from typing import NamedTuple
 from ..estimate import OPTIMIZERS, PRECISIONS, as_shape
 from ..hardware import get_gpu, peak_flops
 from ..validate import check_bool, check_choice, check_float, check_int, check_positive
-from .sweep import Dims, flops_of, layouts, pipeline_bubble, pipeline_choices, training_memory
+from .sweep import Dims, cp_degrees, flops_of, layouts, pipeline_bubble, pipeline_choices, training_memory
 from .steptime import StepTime, step_flops, step_time
 
 __all__ = ["TrainingPlan", "TrainingPlans", "Overflow", "overflow_term", "plan_training", "RECOMPUTE", "TERMS"]
@@ -100,9 +100,10 @@ class TrainingPlans(NamedTuple):
     def reason(self) -> str:
         """Why nothing fits: each layout's overflow, the closest first."""
         if not self.overflows:
-            return "no (t, p, N_d, b) splits the GPUs and the global batch"
+            return "no (t, cp, p, N_d, b) splits the GPUs and the global batch"
         worst = sorted(self.overflows, key=lambda o: o.leanest.memory.total)
-        return "; ".join(f"t={o.tp_size} p={o.pp_size} N_d={o.dp_size}: {o.message}" for o in worst)
+        return "; ".join(f"t={o.tp_size}{f' cp={o.cp_size}' if o.cp_size > 1 else ''} p={o.pp_size} "
+                         f"N_d={o.dp_size}: {o.message}" for o in worst)
 
 
 def overflow_term(memory, limit: int) -> tuple[str, int]:
@@ -143,10 +144,10 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
                   dtype: str | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
                   efficiency: float = 0.5, network_gbps: float = 25.0, nvlink_gbps: float | None = None,
                   memory_fraction: float = 0.9, even_stages: bool = False,
-                  include_infeasible: bool = False) -> TrainingPlans:
+                  include_infeasible: bool = False, context_parallel=None) -> TrainingPlans:
     """Every configuration of ``shape`` on ``num_gpus`` x ``gpu`` that fits, fastest first.
 
-    t divides n_head, n_kv_head, d_ff and gpus_per_node; p <= n_layer; t p N_d = num_gpus; N_d b
+    t divides n_head, n_kv_head, d_ff and gpus_per_node; p <= n_layer; t cp p N_d = num_gpus; N_d b
     divides ``global_batch`` (m = global_batch / (N_d b) micro-batches a pipeline); v > 1 needs
     p > 1, v p dividing n_layer and p dividing m; ``offload``: (False,), or (False, True) to weigh
     ZeRO-Offload too. ``shape``: a ``ModelShape``, a preset's name, a ``GPTConfig`` or a
@@ -155,6 +156,15 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     ``nvlink_gbps``: inside a node, one direction (default half the table's total);
     ``even_stages``: p divides n_layer; ``include_infeasible``: ``plans`` keeps what does not fit
     too. The step-time model: :mod:`labkit.plan.steptime`.
+
+    ``context_parallel``: the cp degrees to weigh (ring attention, zigzag layout: 2 cp divides
+    ``seq_len``), a tuple such as (1, 2, 4) of degrees dividing ``num_gpus``; ``None`` (the
+    default): cp = 1, and for ``seq_len`` >= ``sweep.CP_MIN_SEQ_LEN`` (16384) every power of two
+    that divides the GPUs and 2 cp the sequence (:func:`labkit.plan.sweep.cp_degrees`). Ranks sit
+    in ``labkit.parallel.ParallelDims.AXES`` order (dp, pp, cp, tp: tp innermost, cp just outside
+    it), so a cp group spans t cp consecutive ranks: its ring runs on NVLink when t cp <=
+    ``gpus_per_node``, else on the network. ZeRO shards, and gradients are all-reduced, over the
+    N_d cp ranks that hold the same parameters.
     """
     g, shape = get_gpu(gpu), as_shape(shape)
     check_choice("precision", precision, tuple(PRECISIONS))
@@ -165,6 +175,7 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
         check_positive("nvlink_gbps", nvlink_gbps)
     _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_gbps, memory_fraction,
            micro_batches, zero_stages, recompute, sequence_parallel, interleave, offload)
+    cps = cp_degrees(seq_len, num_gpus, context_parallel)
     shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
     ctx = dict(shape=shape, gpu=g, num_gpus=num_gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
                peak=peak_flops(g, dtype or ("bf16" if "bf16" in g.peak else "fp16")), efficiency=efficiency,
@@ -172,8 +183,9 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
                precision=precision, optimizer=optimizer,
                flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
     plans, overflows, considered = [], [], 0
-    for t, p, dp in layouts(shape, num_gpus, gpus_per_node, even_stages):
-        found = _layout_plans(ctx, t, p, dp, micro_batches, interleave, zero_stages, recompute,
+    grid = [(t, cp, p, dp) for cp in cps for t, p, dp in layouts(shape, num_gpus // cp, gpus_per_node, even_stages)]
+    for t, cp, p, dp in grid:
+        found = _layout_plans(ctx, t, cp, p, dp, micro_batches, interleave, zero_stages, recompute,
                               sequence_parallel, offload)
         considered += len(found)
         fitting = [pl for pl in found if pl.fits]
@@ -181,21 +193,21 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
         if found and not fitting:
             leanest = min(found, key=lambda pl: pl.memory.total)
             term, so_far = overflow_term(leanest.memory, ctx["limit"])
-            overflows.append(Overflow(t, p, dp, 1, term, so_far, ctx["limit"], leanest))
+            overflows.append(Overflow(t, p, dp, cp, term, so_far, ctx["limit"], leanest))
     plans.sort(key=lambda pl: (pl.step_time_s, pl.memory.total))
     return TrainingPlans(plans, overflows, considered)
 
 
-def _layout_plans(ctx, t, p, dp, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload):
-    """Every configuration of one layout (t, p, N_d)."""
+def _layout_plans(ctx, t, cp, p, dp, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload):
+    """Every configuration of one layout (t, cp, p, N_d); sequence parallelism where t cp divides s."""
     shape, out = ctx["shape"], []
     rank_params = shape.num_params() // (t * p)
     for b, m, v, schedule in pipeline_choices(shape, p, dp, ctx["global_batch"], micro_batches, interleave):
         bubble = pipeline_bubble(p, m, schedule, v)
         for rc in recompute:
-            for sp in (x for x in sequence_parallel if not (x and t == 1)):
-                for z, off in ((z, off) for z in zero_stages for off in offload if z == 0 or dp > 1):
-                    mem = training_memory(shape, seq_len=shape.seq_len, micro_batch=b, dims=Dims(dp, t, p, 1),
+            for sp in (x for x in sequence_parallel if not (x and (t == 1 or shape.seq_len % (t * cp)))):
+                for z, off in ((z, off) for z in zero_stages for off in offload if z == 0 or dp * cp > 1):
+                    mem = training_memory(shape, seq_len=shape.seq_len, micro_batch=b, dims=Dims(dp, t, p, cp),
                                           zero_stage=z, recompute=rc, sequence_parallel=sp, num_microbatches=m,
                                           schedule=schedule, v=v, precision=ctx["precision"],
                                           optimizer=ctx["optimizer"], offload=off)
@@ -204,7 +216,7 @@ def _layout_plans(ctx, t, p, dp, micro_batches, interleave, zero_stages, recompu
                                      micro_batch=b, num_microbatches=m, v=v, bubble=bubble, recompute=rc,
                                      sequence_parallel=sp, zero_stage=z, rank_params=rank_params,
                                      peak=ctx["peak"], efficiency=ctx["efficiency"], offload=off,
-                                     nvlink_gbps=ctx["nvlink_gbps"], network_gbps=ctx["network_gbps"])
-                    out.append(TrainingPlan(t, p, v, dp, 1, z, rc, sp, off, b, m, schedule, mem, step,
+                                     nvlink_gbps=ctx["nvlink_gbps"], network_gbps=ctx["network_gbps"], cp_size=cp)
+                    out.append(TrainingPlan(t, p, v, dp, cp, z, rc, sp, off, b, m, schedule, mem, step,
                                             ctx["limit"]))
     return out

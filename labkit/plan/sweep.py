@@ -1,4 +1,4 @@
-"""What the planner sweeps: the layouts (t, p, N_d) of a cluster and each layout's pipeline choices.
+"""What the planner sweeps: the layouts (t, cp, p, N_d) of a cluster and each layout's pipeline choices.
 
 The formulas it needs come from where they live: memory from ``labkit.estimate``, the FLOPs of
 a step from ``labkit.shapes``, the pipeline's bubble from ``labkit.pipeline.analytic`` (torch-free,
@@ -9,10 +9,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..context_parallel.analytic import check_cp_seq_len
 from ..estimate import training_memory
 from ..pipeline.analytic import bubble_fraction
+from ..validate import check_int
 
-__all__ = ["Dims", "layouts", "pipeline_choices", "pipeline_bubble", "flops_of", "training_memory"]
+__all__ = ["Dims", "CP_MIN_SEQ_LEN", "cp_degrees", "layouts", "pipeline_choices", "pipeline_bubble", "flops_of",
+           "training_memory"]
+
+CP_MIN_SEQ_LEN = 16384  # the sequence length from which the planner weighs cp > 1 by default
 
 
 class Dims(NamedTuple):
@@ -30,6 +35,34 @@ class Dims(NamedTuple):
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def cp_degrees(seq_len: int, num_gpus: int, context_parallel=None) -> tuple[int, ...]:
+    """The context-parallel degrees the planner weighs. ``None``: 1, and when ``seq_len`` is at
+    least ``CP_MIN_SEQ_LEN`` (16384) every power of two cp > 1 that divides ``num_gpus`` with
+    2 cp dividing ``seq_len`` (the zigzag layout's chunks). Shorter sequences keep cp = 1: their
+    activations fit without it, Llama 3 trained its 8K stage without it (Grattafiori et al. 2024,
+    Table 4), and the step-time model, which lets the ring hide behind compute but not tensor
+    parallelism's all-reduces, would trade t for cp there on that difference alone. A tuple:
+    those degrees, each dividing ``num_gpus`` and 2 cp ``seq_len``."""
+    if context_parallel is None:
+        return (1,) + tuple(2 ** k for k in range(1, num_gpus.bit_length())
+                            if seq_len >= CP_MIN_SEQ_LEN and num_gpus % 2 ** k == 0 and seq_len % 2 ** (k + 1) == 0)
+    if not isinstance(context_parallel, (tuple, list)):
+        raise TypeError(f"context_parallel={context_parallel!r} must be None or a tuple of degrees, e.g. (1, 2, 4)")
+    degrees = tuple(context_parallel)
+    if not degrees:
+        raise ValueError("context_parallel=() must hold at least one degree")
+    for cp in degrees:
+        check_int("context_parallel", cp, 1)
+        if num_gpus % cp:
+            raise ValueError(f"context_parallel={degrees!r}: each degree must divide num_gpus={num_gpus}; "
+                             f"{cp} does not")
+        try:
+            check_cp_seq_len(seq_len, cp, "zigzag")
+        except ValueError as err:
+            raise ValueError(f"context_parallel={degrees!r}: {err}") from None
+    return tuple(sorted(set(degrees)))
 
 
 def layouts(shape, num_gpus: int, gpus_per_node: int, even_stages: bool = False) -> list[tuple[int, int, int]]:
