@@ -133,7 +133,7 @@ KNOB_KIND = {"seq_len": int, "micro_batch": int, "dp_size": int, "tp_size": int,
              "pp_size": int, "context_len": int, "gpu_memory_utilization": float, "kv_bytes": int,
              "weight_bytes": int, "zero_stage": int, "num_gpus": int, "gpus_per_node": int,
              "global_batch": int}
-PLAN_COLUMNS = ("tp_size", "pp_size", "v", "dp_size", "zero_stage", "recompute",
+PLAN_COLUMNS = ("tp_size", "pp_size", "v", "dp_size", "cp_size", "zero_stage", "recompute",
                 "sequence_parallel", "micro_batch", "num_microbatches", "step_time_s", "mfu",
                 "total")
 TOP = 5

@@ -60,7 +60,7 @@ KINDS = {
               "interleave"),
 }
 TOP = 5  # plans shown
-PLAN_COLUMNS = (("tp_size", "t"), ("pp_size", "p"), ("v", "v"), ("dp_size", "N_d"),
+PLAN_COLUMNS = (("tp_size", "t"), ("pp_size", "p"), ("v", "v"), ("dp_size", "N_d"), ("cp_size", "cp"),
                 ("zero_stage", "ZeRO"), ("recompute", "recompute"), ("sequence_parallel", "SP"),
                 ("micro_batch", "b"), ("num_microbatches", "m"), ("step_time_s", "step"),
                 ("mfu", "MFU"), ("total", "memory"))
