@@ -10,6 +10,7 @@ recomputation.
 
 import pytest
 
+from labkit.memory.analytic import embedding_bytes
 from labkit.model import GPTConfig, get_preset
 from labkit.plan.parallelism import NoPlanFits, plan_memory, plan_parallelism
 
@@ -57,15 +58,20 @@ def test_memory_categories_follow_the_formulas():
     st1, act_full = plan_memory(cfg, 8, 8, 4, 1, 64, zero=1, recompute="full")
     assert st1 / st0 == pytest.approx((4 + 12 / 4) / 16)  # ZeRO-1 over N_d = 4
     sbh = 2048 * 12288
-    # stage 0 under 1F1B: p = 8 micro-batches in flight, each with its 12 layers (Korthikanti et al.)
-    # and the embedding's (s, b, h) 2-byte output (labkit.estimate counts it)
-    assert act_none == pytest.approx(8 * 12 * sbh * (10 + 24 / 8 + 5 * 96 * 2048 / (12288 * 8)) + 8 * sbh * 2)
+    # stage 0 under 1F1B: p = 8 micro-batches in flight, each with its 12 layers (Korthikanti et al.),
+    # the embedding's (s, b, h) 2-byte output and what the vocabulary-parallel lookup keeps
+    # (labkit.estimate counts both)
+    emb = embedding_bytes(2048, 1, pos="learned", tp_size=8)
+    assert act_none == pytest.approx(8 * 12 * sbh * (10 + 24 / 8 + 5 * 96 * 2048 / (12288 * 8))
+                                     + 8 * (sbh * 2 + emb))
     assert act_full < act_none / 5
 
 
 def test_interleaving_memory_bubble_and_messages():
     cfg, p, m = _cfg(96, 96, 12288), 8, 64
-    e = 2048 * 12288 * 2  # the embedding's output, counted with each chunk in flight on stage 0
+    # the embedding's output and the vocabulary-parallel lookup's kept ids and mask, counted with
+    # each chunk in flight on stage 0
+    e = 2048 * 12288 * 2 + embedding_bytes(2048, 1, pos="learned", tp_size=8)
     _, one = plan_memory(cfg, 8, p, 4, 1, m, recompute="none")
     for v in (2, 3, 4):
         _, inter = plan_memory(cfg, 8, p, 4, 1, m, recompute="none", v=v)
