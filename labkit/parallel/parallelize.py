@@ -7,9 +7,9 @@ checkpointing of the blocks, then data parallelism or ZeRO over "dp". Each techn
 :mod:`labkit.data_parallel`, :mod:`labkit.zero`); this module only composes them.
 
 What comes back, a :class:`ParallelModel`, does every end-of-backward duty by itself: the
-sequence-parallel gradient sums over "tp" (the tensor-parallel layers' hook; under ZeRO-3 a sum
-of the shards, :mod:`.zero3`), the tied embedding's exchange between the first and last stage
-(the pipeline runtime; under ZeRO-3 of the two ends' shards), and the reduction over "dp" (after
+sequence-parallel gradient sums over "tp" (the tensor-parallel layers' hook; under ZeRO-2/3 a
+sum of the shards, :mod:`.zero3`), the tied embedding's exchange between the first and last stage
+(the pipeline runtime; under ZeRO-2/3 of the two ends' shards), and the reduction over "dp" (after
 the step's last backward pass; ZeRO-1/2's inside its optimizer, ZeRO-3's in each backward pass).
 A plain loop over it trains like one process::
 
@@ -61,13 +61,6 @@ def _check_combination(dims, sequence_parallel, zero_stage, checkpoint) -> None:
                          "sequence_parallel=False, zero_stage <= 1, checkpoint='none'")
     if sequence_parallel and dims.tp_size == 1:
         raise ValueError("sequence_parallel=True needs tp_size > 1")
-    if zero_stage == 2 and dims.pp_size > 1:
-        raise ValueError(f"zero_stage=2 with pp_size={dims.pp_size}: ZeRO-2 frees the tied embedding's "
-                         "gradient the pipeline's two ends exchange; use zero_stage 0, 1 or 3")
-    if zero_stage == 2 and sequence_parallel:
-        raise ValueError("zero_stage=2 with sequence_parallel=True: the sequence-parallel sum reads each "
-                         "gradient at the end of backward, after ZeRO-2 has moved it into its "
-                         "reduce-scatter; use zero_stage 0, 1 or 3")
     if zero_stage == 3 and checkpoint != "none":
         raise ValueError(f"zero_stage=3 with checkpoint={checkpoint!r}: the recomputation would gather "
                          "each unit again, outside ZeRO-3's forward; use checkpoint='none' or zero_stage <= 2")
@@ -149,12 +142,30 @@ class ParallelModel:
     def build_optimizer(self, optimizer_cls=torch.optim.SGD, **kwargs):
         """The step's optimizer over this rank's parameters: ``optimizer_cls`` itself (stages 0 and
         3), or ZeRO-1/2's sharded wrapper around it over "dp"; kept as ``self.optimizer``."""
-        if self.zero_stage in (1, 2):
-            cls = ShardedOptimizer if self.zero_stage == 1 else ShardedGradOptimizer
-            self.optimizer = cls(self.named_parameters(), optimizer_cls, group=self.group["dp"], **kwargs)
+        if self.zero_stage == 1:
+            self.optimizer = ShardedOptimizer(self.named_parameters(), optimizer_cls, group=self.group["dp"],
+                                              **kwargs)
+        elif self.zero_stage == 2:
+            self.optimizer = self._zero2_optimizer(optimizer_cls, kwargs)
         else:
             self.optimizer = optimizer_cls(self.parameters(), **kwargs)
         return self.optimizer
+
+    def _zero2_optimizer(self, optimizer_cls, kwargs):
+        """ZeRO-2 over "dp". The tied weight gets a parameter group (so a bucket) of its own: its
+        shards then line up at the pipeline's two ends, which sum their gradients; with sequence
+        parallelism the sequence-sharded parameters' shards are summed over "tp" (:mod:`.zero3`)."""
+        named, pp = self.named_parameters(), self.dims.pp_size > 1
+        groups = [{"params": [(n, p) for n, p in named if not (pp and p is self._tied)]}]
+        if len(groups[0]["params"]) < len(named):
+            groups.append({"params": [(n, p) for n, p in named if p is self._tied]})
+        opt = ShardedGradOptimizer(groups, optimizer_cls, group=self.group["dp"], **kwargs)
+        if self.dims.pp_size > 1:
+            self._tied = opt.slice_of(self._tied)  # None on a middle stage
+        if self.sequence_parallel:
+            sp = [opt.slice_of(p) for _, p in named if getattr(p, "sequence_parallel", False)]
+            self._sp_sum = ShardedSequenceSum(sp, self.group["tp"])
+        return opt
 
     def shard_batch(self, x, y):
         """This data-parallel replica's rows of the global batch ``x``, ``y`` (B, T) each; with cp > 1,
@@ -222,10 +233,9 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     Refused with a ValueError, because the techniques here cannot do them together:
     ``cp_size > 1`` (context parallelism over "cp", after tensor parallelism) with pp > 1, sequence
     parallelism, ZeRO-2/3 or checkpointing (not composed yet); ``sequence_parallel`` without
-    tp > 1; ZeRO-2 with pp > 1 (it frees the tied embedding's gradient the pipeline's ends
-    exchange); ZeRO-2 with sequence parallelism (its gradient sum comes after ZeRO-2 moved the
-    gradients); ZeRO-3 with checkpointing. ZeRO-3 composes with the pipeline (each chunk wrapped
-    over "dp") and with sequence parallelism (its sum taken over the shards), :mod:`.zero3`.
+    tp > 1; ZeRO-3 with checkpointing. ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps
+    each chunk over "dp"; the tied embedding's shards line up at the two ends, which sum them) and
+    with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`.
     """
     check_bool("sequence_parallel", sequence_parallel)
     check_int("zero_stage", zero_stage, 0, 3)

@@ -1,5 +1,5 @@
-"""ZeRO-3 under the pipeline and sequence parallelism: what :func:`parallelize_gpt` adds around
-:class:`labkit.zero.FullyShardedModule`.
+"""ZeRO-3 under the pipeline and sequence parallelism (and ZeRO-2's sum over "tp"): what
+:func:`parallelize_gpt` adds around :class:`labkit.zero.FullyShardedModule`.
 
 Under a pipeline each of a rank's chunks is wrapped on its own, over "dp": the schedule calls the
 wrapper, so every unit (each block; the token embedding on the first stage, the output projection
@@ -56,8 +56,9 @@ def sequence_sharded(wrappers) -> list:
 
 class ShardedSequenceSum:
     """Sums over ``group`` ("tp") the gradients the step added to ``shards`` (the sequence-sharded
-    parameters' shards under ZeRO-3): :meth:`begin` before the step's first backward pass,
-    :meth:`finish` after its last; gradients accumulated over earlier steps stay as they were."""
+    parameters' shards under ZeRO-2 or ZeRO-3, laid out alike on every rank of "tp"): :meth:`begin`
+    before the step's first backward pass, :meth:`finish` after its last; gradients accumulated
+    over earlier steps stay as they were. A shard without a gradient counts as zeros."""
 
     def __init__(self, shards, group):
         self.shards, self.group, self._before = list(shards), group, None
@@ -67,15 +68,17 @@ class ShardedSequenceSum:
 
     @torch.no_grad()
     def finish(self) -> None:
-        held = [(s, b) for s, b in zip(self.shards, self._before) if s.grad is not None]
-        if held:  # every rank of "tp" holds the same units and ran the same passes
-            flat = torch.cat([(s.grad if b is None else s.grad - b).reshape(-1) for s, b in held])
+        if self.shards:  # every rank of "tp" holds the same shards, in the same order
+            mine = [torch.zeros_like(s) if s.grad is None else s.grad if b is None else s.grad - b
+                    for s, b in zip(self.shards, self._before)]
+            flat = torch.cat([g.reshape(-1) for g in mine])
             dist.all_reduce(flat, group=self.group)
             offset = 0
-            for s, b in held:
-                total = flat[offset:offset + s.numel()].view_as(s)
+            for s, b in zip(self.shards, self._before):
+                total = flat[offset:offset + s.numel()].view_as(s).clone()
                 offset += s.numel()
-                s.grad.copy_(total if b is None else b + total)
+                if s.grad is not None or bool(total.any()):
+                    s.grad = total if b is None else b + total
         self._before = None
 
 
