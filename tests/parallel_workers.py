@@ -15,9 +15,7 @@ from labkit.tensor_parallel import apply_tensor_parallel
 
 def _trained_state(pm) -> dict:
     """{name: value} of what this rank holds after training (ZeRO-3: gathered over "dp")."""
-    if pm.fsdp is not None:
-        return {n: t.detach().clone() for n, t in pm.fsdp.full_state_dict().items()}
-    return {n: p.detach().clone() for n, p in pm.named_parameters()}
+    return pm.full_state()
 
 
 def _plain_loop(pm, cfg, global_batch, steps, seed, lr) -> list:

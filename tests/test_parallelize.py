@@ -2,10 +2,12 @@
 
 One launch of 8 gloo ranks serves every composed case: data x tensor x pipeline (2 x 2 x 2) with
 and without sequence parallelism, under plain data parallelism and ZeRO-1, with 1F1B, GPipe and
-the interleaved schedule, with full and selective checkpointing; and data x tensor (4 x 2) under
-ZeRO-2 and ZeRO-3, which refuse a pipeline (see parallelize_gpt). Each case trains three SGD
-steps of the float64 tiny GPT with ``zero_grad(); forward_backward(); step()`` and must end where
-one process training the whole model on the whole batches ends.
+the interleaved schedule, with full and selective checkpointing, and under ZeRO-2 and ZeRO-3 (the
+tied embedding's shards exchanged between the ends, sequence-sharded gradients summed over "tp"
+as shards); and data x tensor (4 x 2) under ZeRO-2 and ZeRO-3, with and without sequence
+parallelism. Each case trains three SGD steps of the float64 tiny GPT with ``zero_grad();
+forward_backward(); step()`` and must end where one process training the whole model on the
+whole batches ends.
 
 Judged in float64: reassociating a step's sums (micro-batches, ranks, shards) moves a float64
 result by ~1e-16 of the terms' magnitude, so an error below 1e-9 of how far each parameter moved
@@ -29,7 +31,11 @@ CASES = [((2, 2, 2), dict(num_microbatches=2)),
          ((2, 2, 2), dict(sequence_parallel=True, schedule="interleaved", v=2, num_microbatches=2,
                           checkpoint="selective")),
          ((4, 2, 1), dict(zero_stage=2, num_microbatches=2)),
-         ((4, 2, 1), dict(zero_stage=3))]
+         ((4, 2, 1), dict(zero_stage=3)),
+         ((2, 2, 2), dict(zero_stage=3, num_microbatches=2)),
+         ((2, 2, 2), dict(zero_stage=3, sequence_parallel=True, num_microbatches=4)),
+         ((4, 2, 1), dict(zero_stage=3, sequence_parallel=True, num_microbatches=2)),
+         ((2, 2, 2), dict(zero_stage=2, sequence_parallel=True, num_microbatches=2))]
 RTOL = 1e-9  # of each parameter's move; float64 round-off here is ~1e-12 of it at most
 
 
@@ -80,9 +86,6 @@ def _fake_mesh(sizes, names=AXES):
 
 
 @pytest.mark.parametrize("dims, kwargs, match", [
-    (ParallelDims(2, 2, 2), dict(zero_stage=3, num_microbatches=2), "zero_stage=3 with pp_size=2"),
-    (ParallelDims(2, 2, 2), dict(zero_stage=2, num_microbatches=2), "zero_stage=2 with pp_size=2"),
-    (ParallelDims(2, 2), dict(zero_stage=2, sequence_parallel=True), "zero_stage=2 with sequence_parallel"),
     (ParallelDims(2, 2), dict(zero_stage=3, checkpoint="full"), "zero_stage=3 with checkpoint='full'"),
     (ParallelDims(2, 1), dict(sequence_parallel=True), "sequence_parallel=True needs tp_size > 1"),
     (ParallelDims(1, 1, 2, cp_size=2), dict(num_microbatches=2), "cp_size=2 with pp_size=2"),

@@ -7,10 +7,11 @@ checkpointing of the blocks, then data parallelism or ZeRO over "dp". Each techn
 :mod:`labkit.data_parallel`, :mod:`labkit.zero`); this module only composes them.
 
 What comes back, a :class:`ParallelModel`, does every end-of-backward duty by itself: the
-sequence-parallel gradient sums over "tp" (the tensor-parallel layers' hook), the tied
-embedding's exchange between the first and last stage (the pipeline runtime), and the
-reduction over "dp" (after the step's last backward pass; ZeRO's inside its optimizer). A plain
-loop over it trains like one process::
+sequence-parallel gradient sums over "tp" (the tensor-parallel layers' hook; under ZeRO-2/3 a
+sum of the shards, :mod:`.zero3`), the tied embedding's exchange between the first and last stage
+(the pipeline runtime; under ZeRO-2/3 of the two ends' shards), and the reduction over "dp" (after
+the step's last backward pass; ZeRO-1/2's inside its optimizer, ZeRO-3's in each backward pass).
+A plain loop over it trains like one process::
 
     pm = parallelize_gpt(model, dims, mesh, zero_stage=1, num_microbatches=2)
     opt = pm.build_optimizer(torch.optim.SGD, lr=0.1)
@@ -35,6 +36,7 @@ from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
 from ..zero import FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer
 from .dims import AXES, ParallelDims
+from .zero3 import ShardedSequenceSum, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
 
@@ -59,14 +61,6 @@ def _check_combination(dims, sequence_parallel, zero_stage, checkpoint) -> None:
                          "sequence_parallel=False, zero_stage <= 1, checkpoint='none'")
     if sequence_parallel and dims.tp_size == 1:
         raise ValueError("sequence_parallel=True needs tp_size > 1")
-    if zero_stage >= 2 and dims.pp_size > 1:
-        raise ValueError(f"zero_stage={zero_stage} with pp_size={dims.pp_size}: ZeRO-2 frees the tied "
-                         "embedding's gradient the pipeline's two ends exchange, ZeRO-3 gathers through "
-                         "the module's forward, which the pipeline's chunks bypass; use zero_stage 0 or 1")
-    if zero_stage >= 2 and sequence_parallel:
-        raise ValueError(f"zero_stage={zero_stage} with sequence_parallel=True: the sequence-parallel "
-                         "sum reads each gradient at the end of backward, after ZeRO-2/3 have moved it "
-                         "into their reduce-scatter; use zero_stage 0 or 1")
     if zero_stage == 3 and checkpoint != "none":
         raise ValueError(f"zero_stage=3 with checkpoint={checkpoint!r}: the recomputation would gather "
                          "each unit again, outside ZeRO-3's forward; use checkpoint='none' or zero_stage <= 2")
@@ -78,8 +72,9 @@ class ParallelModel:
     ``model``: the (tensor-parallel) GPT, every part of it (a stage uses only its chunks);
     ``chunks``: this rank's pipeline chunks; ``coords``: its place on the mesh. A step:
     :meth:`forward_backward` on this data-parallel replica's rows (:meth:`shard_batch`), then the
-    optimizer of :meth:`build_optimizer`. ``data_parallel`` (stage 0) or ``fsdp`` (stage 3) are
-    the wrappers, when used.
+    optimizer of :meth:`build_optimizer`. ``data_parallel`` (stage 0), ``fsdp`` (stage 3, one
+    stage) or ``fsdp_chunks`` (stage 3, one per chunk) are the wrappers, when used;
+    :meth:`full_state` gathers what the rank's stage trains.
     """
 
     def __init__(self, model, dims, mesh, *, sequence_parallel, zero_stage, num_microbatches, v,
@@ -93,12 +88,29 @@ class ParallelModel:
         self.actions = actions
         held = {id(p) for c in chunks for p in c.parameters()} if chunks else None
         self._named = [(n, p) for n, p in model.named_parameters() if held is None or id(p) in held]
-        self.data_parallel = self.fsdp = self.optimizer = None
+        self.data_parallel = self.fsdp = self.optimizer = self._sp_sum = None
+        self.fsdp_chunks, self._tied = [], model.wte.weight
+        self._act_dtype = model.wte.weight.dtype
         self.last_losses = []  # the micro-batch losses of the last forward_backward (last stage)
         if zero_stage == 0 and dims.dp_size > 1:
             self.data_parallel = DataParallelBucketed(model, group=self.group["dp"])
         if zero_stage == 3:
-            self.fsdp = FullyShardedModule(model, group=self.group["dp"], unit_types=(type(model.blocks[0]),))
+            self._shard_fully(model, type(model.blocks[0]))
+
+    def _shard_fully(self, model, block_type) -> None:
+        """ZeRO-3 over "dp": the whole model (one stage) or each chunk (:mod:`.zero3`); with
+        sequence parallelism, the sum over "tp" of the sequence-sharded parameters' shards."""
+        if self.chunks:
+            self.fsdp_chunks, self._tied = shard_chunks(model, self.chunks, self.group["dp"], block_type)
+            wrappers = self.fsdp_chunks
+        else:
+            sp = {n for n, p in self._named if getattr(p, "sequence_parallel", False)}
+            self.fsdp = FullyShardedModule(model, group=self.group["dp"], unit_types=(block_type,))
+            self.fsdp.sequence_parallel_names = sp
+            wrappers = [self.fsdp]
+        self._named = [(n, None) for n, _ in self._named]  # names only: no reference to the full tensors
+        if self.sequence_parallel:
+            self._sp_sum = ShardedSequenceSum(sequence_sharded(wrappers), self.group["tp"])
 
     @property
     def is_last_stage(self) -> bool:
@@ -109,7 +121,19 @@ class ParallelModel:
         """(name, parameter) of what this rank holds and trains (under ZeRO-3: its shards)."""
         if self.fsdp is not None:
             return list(self.fsdp.named_parameters())
+        if self.fsdp_chunks:
+            return [(f"{i}.{n}", p) for i, w in enumerate(self.fsdp_chunks) for n, p in w.named_parameters()]
         return list(self._named)
+
+    def full_state(self) -> dict:
+        """{the model's name: value} of every parameter this rank's stage trains, in full (under
+        ZeRO-3 gathered over "dp", a collective: every rank of "dp" calls it)."""
+        if self.fsdp is not None:
+            state = self.fsdp.full_state_dict()
+            return {n: state[n] for n, _ in self._named}
+        if self.fsdp_chunks:
+            return sharded_full_state(self.fsdp_chunks)
+        return {n: p.detach().clone() for n, p in self._named}
 
     def parameters(self):
         """The parameters of :meth:`named_parameters`: what an optimizer over this rank steps."""
@@ -118,12 +142,30 @@ class ParallelModel:
     def build_optimizer(self, optimizer_cls=torch.optim.SGD, **kwargs):
         """The step's optimizer over this rank's parameters: ``optimizer_cls`` itself (stages 0 and
         3), or ZeRO-1/2's sharded wrapper around it over "dp"; kept as ``self.optimizer``."""
-        if self.zero_stage in (1, 2):
-            cls = ShardedOptimizer if self.zero_stage == 1 else ShardedGradOptimizer
-            self.optimizer = cls(self.named_parameters(), optimizer_cls, group=self.group["dp"], **kwargs)
+        if self.zero_stage == 1:
+            self.optimizer = ShardedOptimizer(self.named_parameters(), optimizer_cls, group=self.group["dp"],
+                                              **kwargs)
+        elif self.zero_stage == 2:
+            self.optimizer = self._zero2_optimizer(optimizer_cls, kwargs)
         else:
             self.optimizer = optimizer_cls(self.parameters(), **kwargs)
         return self.optimizer
+
+    def _zero2_optimizer(self, optimizer_cls, kwargs):
+        """ZeRO-2 over "dp". The tied weight gets a parameter group (so a bucket) of its own: its
+        shards then line up at the pipeline's two ends, which sum their gradients; with sequence
+        parallelism the sequence-sharded parameters' shards are summed over "tp" (:mod:`.zero3`)."""
+        named, pp = self.named_parameters(), self.dims.pp_size > 1
+        groups = [{"params": [(n, p) for n, p in named if not (pp and p is self._tied)]}]
+        if len(groups[0]["params"]) < len(named):
+            groups.append({"params": [(n, p) for n, p in named if p is self._tied]})
+        opt = ShardedGradOptimizer(groups, optimizer_cls, group=self.group["dp"], **kwargs)
+        if self.dims.pp_size > 1:
+            self._tied = opt.slice_of(self._tied)  # None on a middle stage
+        if self.sequence_parallel:
+            sp = [opt.slice_of(p) for _, p in named if getattr(p, "sequence_parallel", False)]
+            self._sp_sum = ShardedSequenceSum(sp, self.group["tp"])
+        return opt
 
     def shard_batch(self, x, y):
         """This data-parallel replica's rows of the global batch ``x``, ``y`` (B, T) each; with cp > 1,
@@ -144,8 +186,12 @@ class ParallelModel:
         if x.shape[0] % m:
             raise ValueError(f"num_microbatches={m} must divide this replica's batch of {x.shape[0]} sequences")
         sync = self.data_parallel.no_sync() if self.data_parallel is not None else contextlib.nullcontext()
+        if self._sp_sum is not None:
+            self._sp_sum.begin()
         with sync:
             losses = self._pipeline_step(x, y) if self.dims.pp_size > 1 else self._local_step(x, y)
+        if self._sp_sum is not None:  # ZeRO-3's shards of the sequence-sharded gradients, over "tp"
+            self._sp_sum.finish()
         if self.data_parallel is not None:  # after the sequence-parallel sums and the tied exchange
             self.data_parallel.all_reduce_grads()
         self.last_losses = losses
@@ -162,11 +208,12 @@ class ParallelModel:
     def _pipeline_step(self, x, y) -> list[float]:
         m, model = self.num_microbatches, self.model
         seq = x.shape[1] // self.dims.tp_size if self.sequence_parallel else x.shape[1]  # what stages exchange
-        res = run_schedule(self.chunks, self.actions, rank=self.coords.pp, pp_size=self.dims.pp_size,
+        res = run_schedule(self.fsdp_chunks or self.chunks, self.actions, rank=self.coords.pp,
+                           pp_size=self.dims.pp_size,
                            inputs=x.chunk(m), targets=y.chunk(m), loss_fn=model.loss,
-                           act_shape=(x.shape[0] // m, seq, model.cfg.d_model), act_dtype=model.wte.weight.dtype,
+                           act_shape=(x.shape[0] // m, seq, model.cfg.d_model), act_dtype=self._act_dtype,
                            device=x.device, group=self.group["pp"], ranks=self.pp_ranks,
-                           tied=model.wte.weight, count_saved=False)
+                           tied=self._tied, count_saved=False)
         return res.losses
 
 
@@ -186,10 +233,9 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     Refused with a ValueError, because the techniques here cannot do them together:
     ``cp_size > 1`` (context parallelism over "cp", after tensor parallelism) with pp > 1, sequence
     parallelism, ZeRO-2/3 or checkpointing (not composed yet); ``sequence_parallel`` without
-    tp > 1; ZeRO-2 or ZeRO-3 with pp > 1 (ZeRO-2 frees the tied embedding's gradient the
-    pipeline's ends exchange; ZeRO-3 gathers in the module's forward, which the chunks bypass);
-    ZeRO-2 or ZeRO-3 with sequence parallelism (its gradient sum comes after they moved the
-    gradients); ZeRO-3 with checkpointing.
+    tp > 1; ZeRO-3 with checkpointing. ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps
+    each chunk over "dp"; the tied embedding's shards line up at the two ends, which sum them) and
+    with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`.
     """
     check_bool("sequence_parallel", sequence_parallel)
     check_int("zero_stage", zero_stage, 0, 3)

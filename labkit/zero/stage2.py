@@ -79,6 +79,14 @@ class ShardedGradOptimizer(ShardedOptimizer):
             self._reduce_bucket(self._next)
         self._next = 0  # the next backward (accumulation) starts again at bucket 0
 
+    def slice_of(self, param):
+        """This rank's slice of ``param`` (the leaf whose ``.grad`` holds its reduced shard), or None."""
+        for b in self._buckets:
+            for p, s in zip(b.params, b.slices):
+                if p is param:
+                    return s
+        return None
+
     def _shard_grads(self):
         self.finish_grad_sync()
 
