@@ -1,8 +1,9 @@
 """labkit.estimate against the memory meter on real ranks: a grid of composed runs on 8 and 4 gloo ranks.
 
 One launch of 8 ranks serves most cases, one of 4 ranks a few more: data x tensor x pipeline
-degrees, ZeRO 0-3 (where parallelize_gpt composes them: stages 2 and 3 refuse a pipeline and
-sequence parallelism, stage 3 checkpointing), recomputation none / selective / full, sequence
+degrees, ZeRO 0-3 (stages 2 and 3 without a pipeline or sequence parallelism here: the padding
+of their buckets and units per pipeline chunk is not yet compared; stage 3 refuses checkpointing),
+recomputation none / selective / full, sequence
 parallelism, 1F1B and GPipe, for GPT-2's block (tied embeddings, learned positions) and the Llama
 block with grouped-query attention. Each rank takes an AdamW step under ``parallelize_gpt``, in fp32 or all in bf16,
 and measures it (tests/estimate_grid_workers.py).
