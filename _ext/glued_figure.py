@@ -45,6 +45,9 @@ class GluedFigure(SphinxDirective):
         if len(holder.children) != 1 or not isinstance(holder[0], nodes.paragraph):
             raise self.error("glued-figure's content must be one paragraph: the caption")
         caption = nodes.caption(holder[0].rawsource, "", *holder[0].children)
+        # a source and a line make the caption translatable (Sphinx's gettext and the Chinese
+        # edition skip text nodes without them)
+        caption.source, caption.line = holder[0].source or source, holder[0].line or line
         figure = nodes.figure("", image, caption)
         if "width" in self.options:
             figure["width"] = self.options["width"]
