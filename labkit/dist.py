@@ -1,11 +1,13 @@
 """Run a function on N real processes, and count what the collectives move.
 
-``launch(fn, world_size, *args)`` spawns ``world_size`` processes from a notebook cell or a
+``launch(fn, world_size, *args)`` starts ``world_size`` processes from a notebook cell or a
 test (gloo on CPU, NCCL on CUDA), calls ``fn(rank, world_size, *args)`` in each with the
 process group initialised, and returns the ranks' results in rank order. Under ``torchrun``
 (``RANK``/``WORLD_SIZE`` set) the same call runs ``fn`` once, in this process. A rank that
 raises makes ``launch`` raise in the parent with that rank's traceback; a collective that
-hangs hits the process-group timeout; nothing is left running.
+hangs hits the process-group timeout; nothing is left running. The parent holds the
+rendezvous store, so no other process can take its port. On a busy machine the timeouts
+stretch (``LABKIT_TIMEOUT_SCALE``, and once more by the load), and say so when they fire.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import datetime
 import io
 import os
 import queue as queue_mod
-import socket
 import time
 import traceback
 from collections import defaultdict
@@ -28,18 +29,76 @@ from torch.utils._pytree import tree_leaves
 
 from .validate import check_choice, check_int, check_positive
 
-__all__ = ["launch", "free_port", "init_from_env", "rank_device", "DistributedError", "CommCounter", "CommStats"]
+__all__ = ["launch", "rendezvous_store", "timeout_scale", "busy_note", "init_from_env", "rank_device", "DistributedError", "CommCounter",
+           "CommStats"]
 
 
 class DistributedError(RuntimeError):
     """A rank failed, hung or died; the message carries the rank and its traceback."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(timeout_s: float = 30.0) -> dist.TCPStore:
+    """A rendezvous store that listens on 127.0.0.1 at a port the OS picks, held open by the caller.
+
+    The ranks connect to ``store.port`` as clients. The port is bound before its number is known
+    and stays bound while the store lives, so no other process can take it in between (a port
+    picked, released and handed on can be).
+    """
+    check_positive("timeout_s", timeout_s)
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+# Read by torch (or by the libraries it loads) when it is imported: ranks forked from a server
+# that imported torch under other values would not run as the parent asks, so they are spawned.
+_IMPORT_TIME_ENV = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                    "TRITON_INTERPRET")
+_PRELOAD = ["torch", "torch.distributed", "labkit", "labkit.dist", "labkit.model"]
+_server_env: dict | None = None
+
+
+def _rank_context():
+    """Where ranks start from: a fork server that imported torch and labkit once, so that a rank
+    starts in milliseconds instead of seconds; a fresh interpreter (spawn) on systems without one
+    (Windows) or when a variable torch reads at import changed since the server started.
+    A server keeps the labkit it imported: code edited since then reaches ranks after a restart."""
+    global _server_env
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    env = {k: os.environ.get(k) for k in _IMPORT_TIME_ENV}
+    _server_env = env if _server_env is None else _server_env
+    if env != _server_env:
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def timeout_scale() -> float:
+    """``LABKIT_TIMEOUT_SCALE`` (default 1): how much longer than asked launches wait on a slow machine."""
+    raw = os.environ.get("LABKIT_TIMEOUT_SCALE", "1")
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = -1.0
+    if not scale > 0 or scale == float("inf"):
+        raise ValueError(f"LABKIT_TIMEOUT_SCALE={raw!r} must be a positive number (2 doubles every timeout)")
+    return scale
+
+
+def busy_note(load: float | None = None, cores: int | None = None) -> str:
+    """A sentence on how busy this machine is ('' when its load is below its number of cores)."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # no load average (Windows)
+            return ""
+    cores = cores or os.cpu_count() or 1
+    if load <= cores:
+        return ""
+    return (f"this machine is busy (load {load:.1f} on {cores} cores), so this may be a slow run rather "
+            "than a hung one: rerun it on a quieter machine, or give it more time with "
+            "LABKIT_TIMEOUT_SCALE=4 (or larger timeout_s / join_timeout_s)")
 
 
 def _default_backend() -> str:
@@ -64,7 +123,10 @@ def init_from_env(backend: str | None = None, timeout_s: float = 30.0) -> tuple[
     return dist.get_rank(), dist.get_world_size()
 
 
-def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, results):
+def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, results, env):
+    os.environ.clear()  # the parent's environment now, not the fork server's when it started
+    os.environ.update(env)
+    # MASTER_* name the parent's store for code that reads them; nothing here binds that port
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     if backend == "gloo":  # every rank is on this machine: connect over loopback
@@ -72,8 +134,9 @@ def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, result
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)  # the parent's
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         try:
             out = fn(rank, world_size, *args, **kwargs)
         finally:
@@ -104,6 +167,8 @@ def _failure_message(world_size, failures, results, grace_s=3.0):
     for r in rest:
         last = failures[r].strip().splitlines()[-1]
         msg += f"\n(rank {r} also failed, probably as a consequence: {last})"
+    if "timed out" in msg.lower() and busy_note():
+        msg += f"\nA collective timed out, and {busy_note()}."
     return msg
 
 
@@ -127,9 +192,10 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes; return results.
 
     ``fn`` must be importable (defined in a module, not in a notebook cell) and return
-    something picklable; tensors in it come back on the CPU. ``timeout_s`` bounds every collective; ``join_timeout_s`` (default
-    ``timeout_s + 60``) bounds the whole run. Under torchrun, runs ``fn`` here and returns
-    ``[result]`` of this rank.
+    something picklable; tensors in it come back on the CPU. ``timeout_s`` bounds every
+    collective; ``join_timeout_s`` (default ``timeout_s + 60``) bounds the whole run, once more on
+    a busy machine; both are multiplied by :func:`timeout_scale`. Under torchrun, runs ``fn`` here
+    and returns ``[result]`` of this rank.
     """
     check_int("world_size", world_size, 1)
     check_positive("timeout_s", timeout_s)  # a negative timedelta would crash inside c10d
@@ -146,11 +212,14 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
         return [fn(rank, ws, *args, **kwargs)]
     _check_importable(fn)
     join_timeout_s = timeout_s + 60 if join_timeout_s is None else join_timeout_s
-    ctx = mp.get_context("spawn")
+    scale = timeout_scale()
+    timeout_s, join_timeout_s = timeout_s * scale, join_timeout_s * scale
+    ctx = _rank_context()
     results = ctx.Queue()
-    port = free_port()
+    store = rendezvous_store(timeout_s)  # held until the ranks are gone: its port cannot be taken
+    env = dict(os.environ)
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world_size, port, backend, timeout_s, fn, args, kwargs, results))
+                         args=(r, world_size, store.port, backend, timeout_s, fn, args, kwargs, results, env))
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -166,12 +235,13 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
                 p.kill()
                 p.join(timeout=5)
         results.close()
+        del store
     return [outputs[r] for r in range(world_size)]
 
 
 def _collect(procs, results, world_size, join_timeout_s, outputs) -> None:
     """Fill ``outputs`` (rank -> result) from the ranks' queue; raise on a failure, death or timeout."""
-    deadline = time.monotonic() + join_timeout_s
+    deadline, stretched = time.monotonic() + join_timeout_s, False
     while len(outputs) < world_size:
         try:
             rank, ok, value = results.get(timeout=0.2)
@@ -184,10 +254,14 @@ def _collect(procs, results, world_size, join_timeout_s, outputs) -> None:
                 except queue_mod.Empty:
                     raise DistributedError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} "
                                            "without reporting a result") from None
+            elif time.monotonic() > deadline and busy_note() and not stretched:
+                deadline, stretched = time.monotonic() + join_timeout_s, True  # slow, maybe not hung
             elif time.monotonic() > deadline:
                 missing = sorted(set(range(world_size)) - set(outputs))
-                raise DistributedError(f"ranks {missing} did not finish within join_timeout_s="
-                                       f"{join_timeout_s}s (a hung collective or an endless loop?)")
+                waited = f"{join_timeout_s:g}s" + (f" and {join_timeout_s:g}s more" if stretched else "")
+                why = busy_note() or ("the machine is not busy: a hung collective, an endless loop, or a run "
+                                      "longer than join_timeout_s")
+                raise DistributedError(f"ranks {missing} did not finish within join_timeout_s={waited}: {why}")
             else:
                 continue
         if not ok:

@@ -120,3 +120,9 @@ def pipeline_extras(rank, world_size, pipeline_kw):
     except ValueError as err:
         out["init_error"] = str(err)
     return out
+
+
+def launches_in_a_row(count):
+    """Run ``count`` two-rank launches one after another from this process; return their ranks."""
+    from labkit.dist import launch
+    return [launch(rank_and_pid, 2)[1][0] for _ in range(count)]

@@ -10,10 +10,8 @@ the pipeline runtime held at once in a step of the same schedule."""
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from labkit.memory import MemoryMeter
@@ -32,7 +30,6 @@ FAMILIES = {
 }
 # labkit.estimate's precisions a plain torch optimizer runs: everything in one dtype
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-_FLAG = torch.zeros(1)
 
 
 class _Held(nn.Module):
@@ -65,16 +62,6 @@ def step_counter_bytes(optimizer) -> int:
     return sum(s["step"].untyped_storage().nbytes() for s in inner.state.values() if "step" in s)
 
 
-def _settle(pm) -> None:
-    """Let gloo's worker threads drop the buffers of the collectives just run before the forward
-    phase ends: they release a finished collective's tensors a moment after the rank resumes, and
-    the meter would count such a temporary as kept (tests/test_zero_dist.py saw it on a loaded
-    machine; without this wait, a (b, s) or (b, s, h) buffer showed up now and then here)."""
-    for _ in range(2):  # in place on a tensor made before the meter started: nothing allocated
-        dist.all_reduce(_FLAG, group=pm.group["tp"])
-    time.sleep(0.05)
-
-
 def _chunk_activations(pm, x, y) -> int:
     """Bytes one micro-batch's forward keeps on this stage (its chunk; v = 1): the received
     activation (allocated in the forward, as the receive allocates it, and kept for backward),
@@ -92,7 +79,6 @@ def _chunk_activations(pm, x, y) -> int:
                 kept = (h, chunk(h))
             if pm.is_last_stage:
                 kept = (h, pm.model.loss(kept[1], y[:mb]))  # the logits are freed once the loss is taken
-            _settle(pm)
     del kept
     return meter.report().activations
 
@@ -120,7 +106,6 @@ def _local_activations(pm, x, y) -> int:
     with MemoryMeter() as meter:
         with meter.phase("forward"):
             loss = net(x, y)
-            _settle(pm)
     loss.backward()
     return meter.report().activations
 

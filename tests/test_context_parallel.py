@@ -24,6 +24,10 @@ from labkit.context_parallel import (block_flops, causal_pairs, check_cp_seq_len
                                      unshard_sequence)
 from labkit.dist import launch
 
+# Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
+# worker that picked one up would launch them again.
+pytestmark = pytest.mark.xdist_group("dist:context_parallel")
+
 GLOO = dict(backend="gloo", timeout_s=120, join_timeout_s=600)  # a loaded 2-core machine is slow
 
 

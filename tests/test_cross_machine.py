@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from labkit.dist import busy_note, timeout_scale
+
 ROOT = Path(__file__).resolve().parents[1]
 # Set in the subprocess: the re-run never starts another re-run of itself.
 GUARD = "LABKIT_CROSS_MACHINE_RUN"
@@ -68,8 +70,32 @@ def _counts(junit: Path) -> dict[str, int]:
     return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 
 
+# The re-run is cut into shards that the two xdist workers share (each shard is one pytest
+# subprocess); a target's rough cost in seconds on two idle cores balances them, 1 if not listed.
+SHARDS = 3
+COST = {"tests/test_tensor_parallel.py": 16, "labs/04_accumulation.ipynb": 20, "tests/test_llama_techniques.py": 10,
+        "tests/test_pipeline_dist.py": 12, "tests/test_parallelize.py": 8, "tests/test_context_parallel.py": 6}
+
+
+def shards(targets: list[str], n: int = SHARDS) -> list[list[str]]:
+    """``targets`` in ``n`` lists of about equal cost (the costliest first, each to the lightest)."""
+    out, load = [[] for _ in range(n)], [0] * n
+    for t in sorted(targets, key=lambda t: -COST.get(t, 1)):
+        i = load.index(min(load))
+        out[i].append(t)
+        load[i] += COST.get(t, 1)
+    return out
+
+
+def test_the_shards_cover_every_target_once():
+    targets = _targets()
+    assert sorted(t for shard in shards(targets) for t in shard) == sorted(targets)
+    assert all(shards(targets))  # no empty shard: each subprocess runs something
+
+
 @pytest.mark.skipif(os.environ.get(GUARD) == "1", reason="already inside the re-run")
-def test_roundoff_checks_pass_under_other_cpu_kernels(tmp_path):
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_roundoff_checks_pass_under_other_cpu_kernels(tmp_path, shard):
     current = torch.backends.cpu.get_cpu_capability()
     other = other_capability(current, best_capability())
     env = dict(os.environ, OMP_NUM_THREADS="1", **{GUARD: "1"})
@@ -78,13 +104,20 @@ def test_roundoff_checks_pass_under_other_cpu_kernels(tmp_path):
         env["ATEN_CPU_CAPABILITY"] = other
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     junit = tmp_path / "roundoff.xml"
+    targets = shards(_targets())[shard]
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "-m", "roundoff", "-q", f"--junitxml={junit}", *_targets()]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+           "-m", "roundoff", "-q", f"--junitxml={junit}", *targets]
     setting = f"ATEN_CPU_CAPABILITY={other or '(only one offered)'} OMP_NUM_THREADS=1"
+    limit = 900 * timeout_scale()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as err:
+        log = ((err.stdout or b"").decode(errors="replace") + (err.stderr or b"").decode(errors="replace"))
+        pytest.fail(f"the re-run of {targets} under {setting} did not finish within {limit:g} s; "
+                    f"{busy_note() or 'the machine was not busy: a hang?'}\n{log[-4000:]}")
     log = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"roundoff checks fail under {setting} (native {current}):\n{log}"
     counts = _counts(junit)
     ran = counts["tests"] - counts["skipped"]
     assert ran >= 1, f"no roundoff check ran under {setting}: {counts}\n{log}"
-    print(f"{ran} roundoff checks passed under {setting} (this process: {current})")
+    print(f"{ran} roundoff checks of {targets} passed under {setting} (this process: {current})")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dist_workers
-from labkit.dist import CommCounter, DistributedError, free_port, launch
+from labkit.dist import CommCounter, DistributedError, launch, rendezvous_store
 
 
 def _alive(pids):
@@ -89,11 +89,12 @@ def test_world_size_one_and_bad_world_size():
 
 
 def test_under_torchrun_environment_runs_in_process(monkeypatch):
-    port = free_port()
+    store = rendezvous_store()  # as torchrun's agent holds it: rank 0 joins it as a client
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     try:
         assert launch(dist_workers.rank_and_pid, 1) == [(0, os.getpid())]
         with pytest.raises(ValueError, match="WORLD_SIZE=1"):
@@ -148,3 +149,43 @@ def test_ranks_can_return_tensors():
     out = launch(dist_workers.returns_tensors, 2)
     assert [r["t"].tolist() for r in out] == [[0.0] * 3, [1.0] * 3]
     assert out[1]["nested"][0].tolist() == [0, 1]
+
+
+def test_concurrent_launches_never_lose_their_port(tmp_path):
+    """Four processes make two two-rank launches each, all at once, while a fifth binds and
+    releases ports as fast as it can: every launch succeeds. The launcher's store holds its port
+    from before the number is known until the ranks are gone, so nothing can take it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    tests = Path(__file__).resolve().parent
+    churn = ("import socket, time\nend = time.monotonic() + 120\n"  # bounded, if never killed
+             "while time.monotonic() < end:\n"
+             "    s = socket.socket(); s.bind(('127.0.0.1', 0)); s.close(); time.sleep(0.001)\n")
+    launcher = f"import sys; sys.path.insert(0, {str(tests)!r}); import dist_workers; " \
+               "print(dist_workers.launches_in_a_row(2))"
+    churner = subprocess.Popen([sys.executable, "-c", churn])
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        churner.kill()
+        churner.wait()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and out.strip() == "[1, 1]", err[-3000:]
+
+
+def test_no_code_picks_a_port_and_releases_it():
+    """A port found free, closed and handed on can be taken before it is bound again: nothing in
+    the course does that (labkit, tests, labs, scripts, exercises)."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for folder in ("labkit", "tests", "labs", "scripts", "exercises"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix in (".py", ".ipynb") and path.resolve() != Path(__file__).resolve():
+                text = path.read_text(encoding="utf-8", errors="replace")
+                if "getsockname" in text or "free_port(" in text:
+                    offenders.append(str(path.relative_to(root)))
+    assert not offenders, f"a port picked and released before use in: {offenders}"

@@ -41,6 +41,10 @@ from labkit.memory.analytic import activation_bytes
 from labkit.model import GPTConfig
 from estimate_grid_workers import FAMILIES, grid_rank
 
+# Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
+# worker that picked one up would launch them again.
+pytestmark = pytest.mark.xdist_group("dist:estimate_grid")
+
 GLOBAL_BATCH = 8
 # (family, (dp, tp, pp), parallelize_gpt's keywords); the Llama block's 2 KV heads allow tp <= 2
 CASES = [

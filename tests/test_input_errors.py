@@ -17,6 +17,10 @@ from labkit.memory import activation_bytes, model_state_bytes, plot_breakdown, p
 from labkit.model import GPTConfig, build_model, count_params, get_preset, training_flops
 from labkit.precision import MasterWeightOptimizer, make_optimizer, model_dtype
 
+# Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
+# worker that picked one up would launch them again.
+pytestmark = pytest.mark.xdist_group("dist:input_errors")
+
 CFG = get_preset("tiny", n_layer=1)
 INT_FIELDS = [f.name for f in dataclasses.fields(GPTConfig) if f.type in (int, "int")]
 

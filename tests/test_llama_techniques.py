@@ -26,6 +26,10 @@ from labkit.runs.tensor_parallel import make_batch
 from labkit.tensor_parallel import check_tp_size, collectives_per_layer, shard_indices
 from llama_workers import llama_checks
 
+# Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
+# worker that picked one up would launch them again.
+pytestmark = pytest.mark.xdist_group("dist:llama_techniques")
+
 # t = 2 and 4 both divide n_head = 8, n_kv_head = 4, d_ff = 96 and the vocabulary
 LLAMA = GPTConfig(n_layer=2, n_head=8, n_kv_head=4, d_model=64, d_ff=96, seq_len=16, vocab_size=256,
                   norm="rmsnorm", mlp="swiglu", pos="rope", tie_embeddings=False, bias=False)

@@ -265,3 +265,36 @@ def test_meter_agrees_with_the_cuda_allocator(precision):
     e = model_dtype(precision).itemsize
     predicted = activation_bytes(cfg, 8, dtype_bytes=e, device_type="cuda").total
     assert abs(report.activations - predicted) <= 0.05 * predicted
+
+
+def test_a_collectives_late_release_is_not_counted_as_kept(tmp_path):
+    """gloo's worker thread holds a finished collective's tensors a moment after the rank resumes
+    (Lab 9 once counted such a 128-byte loss buffer as an activation). Here the release is late on
+    purpose and for good: the Work, which holds the tensors it ran on, is kept past the forward.
+    The meter runs collectives on copies it does not track, so the count stays that of what the
+    caller keeps; the values and the autograd version counter are as without the meter."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        kept_plain = torch.full((16,), 3.0, dtype=torch.float64)
+        version = kept_plain._version
+        dist.all_reduce(kept_plain)
+        bumps = kept_plain._version - version  # what the in-place collective does to the counter
+        with MemoryMeter() as meter:
+            with meter.phase("forward"):
+                temp = torch.full((16,), 1.0, dtype=torch.float64)  # 128 bytes, dropped below
+                late = dist.all_reduce(temp, async_op=True)  # its Work holds the tensor it ran on
+                late.wait()
+                kept = torch.full((16,), 2.0, dtype=torch.float64)  # 128 bytes, kept past forward
+                version = kept._version
+                dist.all_reduce(kept)
+                gathered = torch.empty(16, dtype=torch.float64)  # written by the collective
+                dist.all_gather_into_tensor(gathered, kept)
+                del temp
+        report = meter.report()
+        assert report.activations == 2 * 128, report.table()  # kept and gathered; not temp
+        assert late is not None  # the Work was alive past the forward: a late release, for good
+        assert kept.tolist() == [2.0] * 16 and gathered.tolist() == [2.0] * 16  # written back
+        assert kept._version - version == bumps  # bumped by the collective, not again by the copy
+    finally:
+        dist.destroy_process_group()

@@ -23,6 +23,10 @@ from labkit.pipeline import Timeline, bubble_fraction, max_in_flight
 from labkit.runs.parallel3d import parallel_3d_rank, reference_train
 from labkit.runs.pipeline import pipeline_rank, reference_grads
 
+# Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
+# worker that picked one up would launch them again.
+pytestmark = pytest.mark.xdist_group("dist:pipeline_dist")
+
 BATCH = 8
 CASES = {2: [("gpipe", 4, 1), ("1f1b", 4, 1), ("interleaved", 4, 2)],
          4: [("gpipe", 8, 1), ("1f1b", 8, 1), ("interleaved", 4, 1)]}

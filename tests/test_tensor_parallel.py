@@ -20,6 +20,10 @@ from labkit.tensor_parallel import (RECOMPUTE, ColumnParallelLinear, activation_
                                     model_activation_bytes, params_per_rank, shard_indices)
 from tp_workers import tp_checks
 
+# Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
+# worker that picked one up would launch them again.
+pytestmark = pytest.mark.xdist_group("dist:tensor_parallel")
+
 CFG = get_preset("tiny")
 BATCH = 2  # tp_rank's default
 CONFIGS = [(t, sp) for t in (2, 4) for sp in (False, True)]

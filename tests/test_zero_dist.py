@@ -20,6 +20,10 @@ from labkit.runs.zero import RESUMABLE, STAGE, adam_agreement, reference_run, tr
 from labkit.zero import analytic_comm_volume, comm_volume, zero_model_state_bytes
 from zero_workers import ToyNet, toy_rank, zero_test_rank
 
+# Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
+# worker that picked one up would launch them again.
+pytestmark = pytest.mark.xdist_group("dist:zero_dist")
+
 STEPS, LR = 4, 3e-3
 KINDS_2 = ("ddp_torch", "ddp_naive", "ddp_bucketed", "zero1", "zero1_ddp", "zero1_torch", "zero2", "offload",
            "zero3", "fsdp2", "zero3_bf16", "fsdp2_bf16")

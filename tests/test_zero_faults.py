@@ -9,6 +9,10 @@ from labkit.dist import launch
 from labkit.zero import verify_sharded
 from zero_workers import BranchNet, fault_rank
 
+# Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
+# worker that picked one up would launch them again.
+pytestmark = pytest.mark.xdist_group("dist:zero_faults")
+
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):

@@ -11,10 +11,7 @@ apart, AdamW's step counts among them) and the activations kept at the end of fo
 
 from __future__ import annotations
 
-import time
-
 import torch
-import torch.distributed as dist
 
 from ..dist import rank_device
 from ..memory.meter import MemoryMeter, train_step
@@ -38,20 +35,8 @@ def _measure_case(cfg, batch_size: int, dp: int, tp: int, zero_stage: int, recom
     g = torch.Generator().manual_seed(1)  # the global batch, the same on every rank
     x = torch.randint(0, cfg.vocab_size, (dp * batch_size, cfg.seq_len), generator=g).to(dev)  # (B, s)
     x, y = pm.shard_batch(x, torch.roll(x, -1, dims=1))  # this replica's (b, s); next tokens as targets
-    flag = torch.zeros(1, device=dev)  # made before the meter starts: reducing it allocates nothing
-
-    def settled_loss(model, batch):
-        loss = model(*batch)
-        # gloo's worker threads drop a finished collective's tensors a moment after the rank
-        # resumes; without a pause the meter can count such a buffer (the loss's 128-byte
-        # all-reduce was seen) as kept for backward. Two collectives cycle the group's threads.
-        for _ in range(2):
-            dist.all_reduce(flag, group=pm.group["tp"])
-        time.sleep(0.05)
-        return loss
-
     with MemoryMeter(view, opt) as meter:  # one micro-batch: forward_backward's step, in the meter's phases
-        train_step(pm.model, opt, (x, y), loss_fn=settled_loss, meter=meter, zero_grad=False)
+        train_step(pm.model, opt, (x, y), meter=meter, zero_grad=False)
     report = meter.report()
     # torch's AdamW keeps a 4-byte `step` count a tensor (on the host on a GPU): counted apart
     steps = sum(st["step"].nbytes for st in opt.state.values() if torch.is_tensor(st.get("step")))
