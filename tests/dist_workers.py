@@ -123,6 +123,7 @@ def pipeline_extras(rank, world_size, pipeline_kw):
 
 
 def launches_in_a_row(count):
-    """Run ``count`` two-rank launches one after another from this process; return their ranks."""
+    """Run ``count`` two-rank launches one after another from this process; return their ranks.
+    The collectives' timeout is generous: this runs beside other launches on a loaded machine."""
     from labkit.dist import launch
-    return [launch(rank_and_pid, 2)[1][0] for _ in range(count)]
+    return [launch(rank_and_pid, 2, timeout_s=120)[1][0] for _ in range(count)]

@@ -5,11 +5,8 @@ weak reference tells when it is freed. Categories are decided by what a storage 
 model parameters, buffers, ``.grad`` tensors, optimizer states (including fp32 master
 weights), activations (allocated in the forward phase and still alive when it ends: what
 autograd keeps for backward) and temporaries (everything else). Works the same on CPU, CUDA
-and fake tensors; on CUDA the caching allocator's own peak is reported beside it.
-
-A collective runs on copies the meter does not track (:func:`_collective_on_copies`): a process
-group's worker thread lets go of a finished collective's tensors a moment after the rank resumes,
-and the meter would otherwise count such a buffer as kept for backward now and then.
+and fake tensors; on CUDA the caching allocator's own peak is reported beside it. Collectives
+run on copies it does not track (:mod:`.collective_copies`): a group's late hold is not counted.
 """
 
 from __future__ import annotations
@@ -21,9 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_leaves
 
 from ..validate import check_bool
+from .collective_copies import collective_on_copies
 
 __all__ = ["CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
            "optimizer_tensors", "train_step"]
@@ -91,44 +89,6 @@ class MemoryReport:
             lo, _ = bounds.get(ph, (i, i))
             bounds[ph] = (lo, i)
         return bounds
-
-
-_POINT_TO_POINT = {"send", "recv_", "recv_any_source_", "barrier", "monitored_barrier_"}
-
-
-def _collective_on_copies(func, args, kwargs):
-    """Run the c10d operator ``func`` on untracked copies of its tensors, wait for it, and write
-    what it wrote back into the caller's tensors; return its outputs with the caller's tensors.
-
-    The process group's worker thread then holds only the copies, so a caller's storage lives
-    exactly as long as the caller keeps it. A send runs on a copy without waiting (its buffer is
-    only read); a receive and a barrier run as they are (a receive writes when it is waited on).
-    """
-    name = func.overloadpacket.__name__
-    if name in _POINT_TO_POINT:
-        if name == "send":
-            args = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, args)
-        return func(*args, **kwargs)
-    copy_of = {}  # id(copy) -> the caller's tensor
-
-    def copy(t):
-        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
-            return t
-        c = t.clone()
-        copy_of[id(c)] = t
-        return c
-
-    cargs, ckwargs = tree_map(copy, args), tree_map(copy, kwargs)
-    out = func(*cargs, **ckwargs)
-    for work in tree_leaves(out):
-        if hasattr(work, "wait") and not isinstance(work, torch.Tensor):
-            work.wait()
-    for c in tree_leaves(cargs[0]):  # every c10d collective writes its first argument
-        orig = copy_of.get(id(c))
-        if orig is not None:
-            with torch.autograd._unsafe_preserve_version_counter(orig):  # the op bumped it already
-                orig.copy_(c)
-    return tree_map(lambda t: copy_of.get(id(t), t) if isinstance(t, torch.Tensor) else t, out)
 
 
 class MemoryMeter(TorchDispatchMode):
@@ -207,7 +167,7 @@ class MemoryMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace == "c10d":
-            out = _collective_on_copies(func, args, kwargs)
+            out = collective_on_copies(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
         if func.namespace == "profiler":  # record_function markers allocate nothing
@@ -235,6 +195,9 @@ class MemoryMeter(TorchDispatchMode):
         try:
             yield self
         finally:
+            # the phase's end is a point of the timeline: its last op's outputs count there
+            self._ops.append(f"(end of {name})")
+            self._phases.append(name)
             self._phase = previous
             if name == "forward":
                 for rec in self._forward_records:
