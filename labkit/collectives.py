@@ -2,14 +2,18 @@
 
 Flat all-gather and reduce-scatter of 1-D shards, an in-place all-reduce mean, broadcasting
 rank 0's tensors, the check that every rank holds the same tensors, running a callback
-once the current backward pass has finished (``FinishAfterBackward``), making every rank start
+once the current backward pass has finished (``FinishAfterBackward``), summing a backward
+pass's gradients over a group when it ends (``GradSumAfterBackward``), making every rank start
 from rank 0's state (``sync_initial_state``) and cutting tensors into communication buckets
-(``buckets_by_numel``). Data parallelism, ZeRO (Chapter 2), tensor parallelism (Chapter 5)
-and 3D parallelism (labkit.parallel) import these; no technique imports another. The pipeline's
-point-to-point sends and receives are its own.
+(``buckets_by_numel``). Data parallelism, ZeRO (Chapter 2), tensor parallelism (Chapter 5),
+context parallelism (Chapter 10) and 3D parallelism (labkit.parallel) import these; no technique
+imports another. The pipeline's point-to-point sends and receives are its own.
 """
 
 from __future__ import annotations
+
+import copy
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -17,8 +21,8 @@ import torch.distributed as dist
 from .validate import check_bool, check_choice, check_int
 
 __all__ = ["all_gather_flat", "reduce_scatter_flat", "all_reduce_mean_", "broadcast_from_rank0",
-           "check_same_across_ranks", "queue_after_backward", "group_src", "FinishAfterBackward", "INIT_SYNCS",
-           "check_init_sync", "sync_initial_state", "buckets_by_numel"]
+           "check_same_across_ranks", "queue_after_backward", "group_src", "FinishAfterBackward",
+           "GradSumAfterBackward", "INIT_SYNCS", "check_init_sync", "sync_initial_state", "buckets_by_numel"]
 
 # torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single; older
 # releases (Colab's torch, say) only have the old names. Both run the same c10d op.
@@ -145,6 +149,64 @@ class FinishAfterBackward:
     def _run(self) -> None:
         self.armed = False
         self.callback()
+
+
+class GradSumAfterBackward:
+    """Sums each backward pass's gradient of ``params`` over ``group`` when that pass ends.
+
+    A hook keeps each parameter's gradient of the pass (and ``.grad`` as it was before); at the
+    end of the pass one all-reduce of them, flattened in a fixed order, gives ``.grad = before +
+    sum over ranks``, so accumulating over several passes stays right. ``torch.autograd.grad``
+    (which accumulates into no ``.grad``) is left alone. Sequence parallelism's norms (Chapter 5)
+    and context parallelism's replicated parameters (Chapter 10) are summed so.
+    """
+
+    def __init__(self, params, group):
+        self.params, self.group = [p for p in params if p.requires_grad], group
+        self._local, self._before, self._accumulated, self.reductions = {}, {}, set(), 0
+        self._finisher = FinishAfterBackward(self._finish)
+        for i, p in enumerate(self.params):
+            p.register_hook(partial(self._on_grad, i))
+            p.register_post_accumulate_grad_hook(partial(self._on_accumulated, i))
+
+    @property
+    def armed(self) -> bool:
+        """Whether the sum is queued to run when the current backward pass ends."""
+        return self._finisher.armed
+
+    def __deepcopy__(self, memo):
+        # hooks are not deep-copied with a tensor, and a process group cannot be copied: a copied
+        # model gets its own sum, on its own parameters, over the same group
+        return type(self)([copy.deepcopy(p, memo) for p in self.params], self.group)
+
+    def _on_grad(self, i, grad):
+        p = self.params[i]
+        self._local[i] = grad
+        self._before[i] = None if p.grad is None else p.grad.detach().clone()
+        self._finisher.arm()
+        return grad
+
+    def _on_accumulated(self, i, _param):
+        self._accumulated.add(i)
+
+    def _summed(self, p: torch.Tensor) -> None:
+        """Called once ``p.grad`` holds the sum; a technique may note it (sequence parallelism does)."""
+
+    @torch.no_grad()
+    def _finish(self) -> None:
+        flat = torch.cat([self._local[i].reshape(-1) if i in self._local else torch.zeros_like(p).reshape(-1)
+                          for i, p in enumerate(self.params)])  # (n,): one size on every rank
+        dist.all_reduce(flat, group=self.group)
+        offset = 0
+        for i, p in enumerate(self.params):
+            total = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if i in self._accumulated and p.grad is not None:
+                before = self._before.get(i)
+                p.grad.copy_(total if before is None else before + total)
+                self._summed(p)
+        self._local, self._before, self._accumulated = {}, {}, set()
+        self.reductions += 1
 
 
 def buckets_by_numel(items, numel, bucket_numel: int | None) -> list[list]:

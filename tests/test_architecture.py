@@ -41,19 +41,24 @@ def _modules() -> dict[str, Path]:
 def _imports(source: str, module: str, is_package: bool, known) -> set[str]:
     """The labkit modules ``source`` imports, anywhere in it (functions included)."""
     package = module if is_package else module.rpartition(".")[0]
+
+    def absolute(level: int, name: str | None) -> str:
+        if not level:
+            return name or ""
+        base = package.split(".")
+        return ".".join(base[:len(base) - level + 1] + ([name] if name else []))
+
     found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                stem = ".".join(base + ([node.module] if node.module else []))
-            else:
-                stem = node.module or ""
+            stem = absolute(node.level, node.module)
             # "from pkg import sub" imports the submodule when there is one
             names = [f"{stem}.{a.name}" if f"{stem}.{a.name}" in known else stem for a in node.names]
+        elif _is_lazy_table(node):  # lazy_exports(__name__, {".meter": (...)}): imports on first use
+            relative = [k.value for k in node.args[1].keys if isinstance(k, ast.Constant)]
+            names = [absolute(len(r) - len(r.lstrip(".")), r.lstrip(".")) for r in relative]
         else:
             continue
         for name in names:
@@ -63,6 +68,12 @@ def _imports(source: str, module: str, is_package: bool, known) -> set[str]:
                 found.add(name)
     found.discard(module)
     return found
+
+
+def _is_lazy_table(node) -> bool:
+    """A call ``lazy_exports(__name__, {module: names, ...})`` (labkit._lazy), the table literal."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "lazy_exports"
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Dict))
 
 
 def _graph() -> dict[str, set[str]]:
@@ -85,6 +96,7 @@ def test_the_graph_is_read_from_the_source():
     assert "labkit.collectives" in graph["labkit.data_parallel.ddp"]
     assert "labkit.zero" in graph["labkit.runs.zero"]
     assert {"labkit.device"} <= graph["labkit"]
+    assert {"labkit.memory.meter", "labkit.memory.plot"} <= graph["labkit.memory"]  # lazy_exports' table
 
 
 def test_no_import_cycles():
@@ -159,6 +171,8 @@ def test_nothing_in_labkit_is_used_only_by_the_tests():
 @pytest.mark.parametrize("bad_source, expected", [
     ("from ..zero import ShardedOptimizer", "labkit.zero"),
     ("def f():\n    from labkit.checkpoint.plan import Plan", "labkit.checkpoint.plan"),
+    ("__getattr__, __dir__ = lazy_exports(__name__, {'..zero.stage1': ('ShardedOptimizer',)})",
+     "labkit.zero.stage1"),  # an import on first use, through a package's table
 ])
 def test_the_reader_sees_the_imports_that_would_break_the_rules(bad_source, expected):
     # the checks above can fail: a technique's import of another, even inside a function, is seen
@@ -359,6 +373,36 @@ def test_labkit_exports_still_load_on_first_use():
     assert labkit.memory.MemoryMeter.__module__ == "labkit.memory.meter"  # a submodule, on first use
     with pytest.raises(AttributeError, match="no attribute 'not_a_module'"):
         labkit.not_a_module  # noqa: B018
+
+
+def _lazy_packages() -> list[str]:
+    return sorted(_module_name(p) for p in LABKIT.rglob("__init__.py")
+                  if any(_is_lazy_table(node) for node in ast.walk(ast.parse(p.read_text()))))
+
+
+def test_every_lazy_package_export_loads():
+    # a name in __all__ that no table lists (or a table's typo) fails here, not in a reader's lab
+    import importlib
+
+    packages = _lazy_packages()
+    assert {"labkit.memory", "labkit.zero", "labkit.parallel", "labkit.context_parallel"} <= set(packages)
+    missing = [f"{name}.{export}" for name in packages for export in importlib.import_module(name).__all__
+               if not hasattr(importlib.import_module(name), export)]
+    assert not missing, f"listed in __all__ but not found: {missing}"
+    import labkit.pipeline
+
+    assert callable(labkit.pipeline.simulate)  # the function, though a submodule has its name
+
+
+def test_the_end_of_backward_gradient_sum_is_written_once():
+    # sequence parallelism and context parallelism share the core's sum, and neither rewrites it
+    from labkit.collectives import GradSumAfterBackward
+    from labkit.context_parallel import ContextParallelGradSum
+    from labkit.tensor_parallel import SequenceParallelGradSync
+
+    for technique in (SequenceParallelGradSync, ContextParallelGradSum):
+        assert issubclass(technique, GradSumAfterBackward)
+        assert not {"__init__", "_on_grad", "_finish"} & set(vars(technique)), technique
 
 
 def test_import_labkit_estimate_leaves_torch_out():

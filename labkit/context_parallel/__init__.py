@@ -9,25 +9,18 @@ torch, and ``import labkit.context_parallel`` loads the rest only when it is fir
 
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_exports
+from .analytic import (LAYOUTS, attention_activation_fraction, block_flops, causal_pairs, check_cp_seq_len,
+                       chunk_offsets, chunks_of_rank, computed_blocks, hide_chunk_tokens, ring_bytes_per_layer)
 
-from .analytic import (LAYOUTS, attention_activation_fraction, block_flops, causal_pairs, check_cp_seq_len, computed_blocks,
-                       chunk_offsets, chunks_of_rank, hide_chunk_tokens, ring_bytes_per_layer)
+__all__ = ["LAYOUTS", "attention_activation_fraction", "block_flops", "causal_pairs", "check_cp_seq_len",
+           "computed_blocks", "chunk_offsets", "chunks_of_rank", "hide_chunk_tokens", "ring_bytes_per_layer",
+           "shard_sequence", "unshard_sequence", "shard_positions", "RingAttention", "ring_attention",
+           "check_ring_inputs", "apply_context_parallel", "ContextParallelGradSum", "check_cp_group"]
 
-_LAZY = {"shard_sequence": "shard", "unshard_sequence": "shard", "shard_positions": "shard",
-         "RingAttention": "ring", "ring_attention": "ring", "check_ring_inputs": "ring",
-         "apply_context_parallel": "apply", "ContextParallelGradSum": "apply", "check_cp_group": "apply"}
-
-__all__ = ["LAYOUTS", "attention_activation_fraction", "block_flops", "causal_pairs", "check_cp_seq_len", "computed_blocks",
-           "chunk_offsets", "chunks_of_rank", "hide_chunk_tokens", "ring_bytes_per_layer", *_LAZY]
-
-
-def __getattr__(name: str):
-    """Load the torch side (shard, ring, apply) on first use."""
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# the torch side (shard, ring, apply) loads on first use
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".shard": ("shard_sequence", "unshard_sequence", "shard_positions"),
+    ".ring": ("RingAttention", "ring_attention", "check_ring_inputs"),
+    ".apply": ("apply_context_parallel", "ContextParallelGradSum", "check_cp_group"),
+})

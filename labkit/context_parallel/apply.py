@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..collectives import INIT_SYNCS, FinishAfterBackward, sync_initial_state
+from ..collectives import INIT_SYNCS, GradSumAfterBackward, sync_initial_state
 from ..data import IGNORE_INDEX
 from ..validate import check_bool, check_choice, check_int
 from .analytic import LAYOUTS, check_cp_seq_len
@@ -40,41 +40,9 @@ def check_cp_group(group, cp_size: int | None = None) -> tuple[int, int]:
     return rank, size
 
 
-class ContextParallelGradSum:
-    """Sums each backward pass's gradient of ``params`` over ``group`` when the pass ends.
-
-    A hook keeps each parameter's gradient of this pass and ``.grad`` as it was before; at the
-    end of the pass one all-reduce of them, flattened in a fixed order, gives ``.grad = before +
-    sum over ranks``, so accumulating over several passes stays right."""
-
-    def __init__(self, params, group):
-        self.params, self.group = [p for p in params if p.requires_grad], group
-        self._local, self._before, self.reductions = {}, {}, 0
-        self._finisher = FinishAfterBackward(self._finish)
-        for i, p in enumerate(self.params):
-            p.register_hook(partial(self._on_grad, i))
-
-    def _on_grad(self, i, grad):
-        p = self.params[i]
-        self._local[i] = grad
-        self._before[i] = None if p.grad is None else p.grad.detach().clone()
-        self._finisher.arm()
-        return grad
-
-    @torch.no_grad()
-    def _finish(self) -> None:
-        flat = torch.cat([self._local[i].reshape(-1) if i in self._local else torch.zeros_like(p).reshape(-1)
-                          for i, p in enumerate(self.params)])  # (n,): one size on every rank
-        dist.all_reduce(flat, group=self.group)
-        offset = 0
-        for i, p in enumerate(self.params):
-            total = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-            if i in self._local and p.grad is not None:
-                before = self._before.get(i)
-                p.grad.copy_(total if before is None else before + total)
-        self._local, self._before = {}, {}
-        self.reductions += 1
+class ContextParallelGradSum(GradSumAfterBackward):
+    """Sums each backward pass's gradient of ``params`` over ``group`` when the pass ends: the
+    replicated parameters' shares of the sequence (labkit.collectives' :class:`GradSumAfterBackward`)."""
 
 
 def _check_model(model) -> None:

@@ -6,15 +6,12 @@ the same as Triton kernels (:class:`FlashAttentionTriton`, imported on first use
 imports without Triton); ``analytic``: HBM accesses and FLOPs; ``apply``: the GPT's core swapped.
 """
 
+from .._lazy import lazy_exports
 from .analytic import (TILES, AttentionCost, attention_flops, flash_block_size, hbm_accesses,
                        paper_block_sizes)
 from .apply import IMPLS, FlashAttentionCore, apply_flash_attention
 from .reference import causal_mask, check_inputs, standard_attention
 from .tiled import FlashAttention, IOCounter, flash_attention
-
-# Reached as attributes (module __getattr__ below), not listed in __all__: a star import must
-# not need Triton.
-_LAZY = ("FlashAttentionTriton", "flash_attention_triton")
 
 __all__ = [
     "IMPLS", "TILES", "AttentionCost", "FlashAttention", "FlashAttentionCore", "IOCounter",
@@ -22,10 +19,8 @@ __all__ = [
     "flash_block_size", "hbm_accesses", "paper_block_sizes", "standard_attention",
 ]
 
-
-def __getattr__(name):
-    """Import the Triton kernels only when one of them is asked for."""
-    if name in _LAZY:
-        from . import triton_kernels
-        return getattr(triton_kernels, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The Triton kernels are imported only when one of them is asked for; they are reached as
+# attributes, not listed in __all__: a star import must not need Triton.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".triton_kernels": ("FlashAttentionTriton", "flash_attention_triton"),
+})

@@ -4,6 +4,7 @@
 (which need torch) are loaded on first use, so that ``labkit.estimate`` runs without torch.
 """
 
+from .._lazy import lazy_exports
 from .analytic import (RECOMPUTE, ActivationBytes, ModelStateBytes, activation_bytes, head_bytes,
                        korthikanti_activation_bytes, llama_layer_bytes, model_state_bytes)
 
@@ -18,27 +19,10 @@ __all__ = [
     "plot_breakdown", "plot_timeline", "dump_memory_snapshot", "memory_snapshot",
 ]
 
-
-def _load() -> dict:
-    """Import the torch-side submodules (then attributes of this package) and their exports."""
-    from .meter import (CATEGORIES, MemoryMeter, MemoryReport, measure_forward_backward, measure_step,
-                        optimizer_tensors, train_step)
-    from .plot import plot_breakdown, plot_timeline
-    from .snapshot import dump_memory_snapshot, memory_snapshot
-    return locals()
-
-
-def __getattr__(name: str):
-    """Load the torch-side exports (and submodules) on first use."""
-    if name in __all__:
-        exports = _load()
-        globals().update(exports)  # as the eager imports did: an export wins over a submodule of its name
-        return exports[name]
-    if name in ("meter", "plot", "snapshot"):
-        globals().update(_load())
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# the torch side (the meter, the figures, the snapshot) loads on first use
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".meter": ("CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
+               "optimizer_tensors", "train_step"),
+    ".plot": ("plot_breakdown", "plot_timeline"),
+    ".snapshot": ("dump_memory_snapshot", "memory_snapshot"),
+})

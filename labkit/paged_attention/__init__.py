@@ -11,6 +11,7 @@ admission and preemption; ``engine``: continuous batching; ``timing``: a decode 
 ``analytic`` imports no torch and is loaded at once; the rest on first use.
 """
 
+from .._lazy import lazy_exports
 from .analytic import (DEFAULT_BLOCK_SIZE, PUBLISHED_MODELS, blocks_for_tokens,
                        kv_bytes, kv_bytes_per_token, kv_bytes_per_token_of,
                        slots_wasted_in_last_block)
@@ -23,35 +24,17 @@ __all__ = [
     "decide", "ContiguousAllocator", "Waste", "Scheduler", "Group", "Batch", "RESERVATIONS",
     "Engine", "ServeResult", "decode_step_seconds", "SHAREGPT", "ALPACA", "LengthDistribution", "synthetic_trace",
 ]
-_SUBMODULES = ('allocator', 'attention', 'cache', 'contiguous', 'engine', 'reservation', 'sampling', 'scheduler', 'timing', 'traces')
 
-
-def _load() -> dict:
-    """Import the torch-side submodules and return their exports."""
-    from .allocator import BlockAllocator, OutOfBlocksError
-    from .attention import paged_attention, slot_mapping, write_kv
-    from .cache import PagedKVCache, PagedStep
-    from .contiguous import KVCache, generate
-    from .engine import RESERVATIONS, Engine, ServeResult
-    from .reservation import ContiguousAllocator, Waste
-    from .sampling import Decision, Request, Sequence, decide
-    from .scheduler import Batch, Group, Scheduler
-    from .timing import decode_step_seconds
-    from .traces import ALPACA, SHAREGPT, LengthDistribution, synthetic_trace
-    return locals()
-
-
-def __getattr__(name: str):
-    """Load the torch-side exports (and submodules) on first use."""
-    if name in __all__:
-        exports = _load()
-        globals().update(exports)  # as the eager imports did: an export wins over a submodule of its name
-        return exports[name]
-    if name in _SUBMODULES:
-        globals().update(_load())
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# the torch side loads on first use
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".allocator": ("BlockAllocator", "OutOfBlocksError"),
+    ".attention": ("paged_attention", "slot_mapping", "write_kv"),
+    ".cache": ("PagedKVCache", "PagedStep"),
+    ".contiguous": ("KVCache", "generate"),
+    ".engine": ("RESERVATIONS", "Engine", "ServeResult"),
+    ".reservation": ("ContiguousAllocator", "Waste"),
+    ".sampling": ("Decision", "Request", "Sequence", "decide"),
+    ".scheduler": ("Batch", "Group", "Scheduler"),
+    ".timing": ("decode_step_seconds",),
+    ".traces": ("ALPACA", "SHAREGPT", "LengthDistribution", "synthetic_trace"),
+})

@@ -7,25 +7,11 @@ The exports load on first use, so ``from labkit.parallel import ParallelDims`` i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # what the exports are, for readers and type checkers; loaded lazily below
-    from .dims import AXES, MeshCoords, ParallelDims
-    from .parallelize import CHECKPOINTS, ParallelModel, parallelize_gpt
+from .._lazy import lazy_exports
 
 __all__ = ["AXES", "MeshCoords", "ParallelDims", "CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
 
-_WHERE = {"AXES": "dims", "MeshCoords": "dims", "ParallelDims": "dims", "CHECKPOINTS": "parallelize",
-          "ParallelModel": "parallelize", "parallelize_gpt": "parallelize"}
-
-
-def __getattr__(name: str):
-    """Load an export (and its module) on first use."""
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".dims": ("AXES", "MeshCoords", "ParallelDims"),
+    ".parallelize": ("CHECKPOINTS", "ParallelModel", "parallelize_gpt"),
+})

@@ -9,6 +9,7 @@ timeline from a schedule and costs; ``split``: stage ranges and the chunks a ran
 ``analytic`` and ``schedules`` import no torch and are loaded at once; the rest on first use.
 """
 
+from .._lazy import lazy_exports
 from .analytic import bubble_fraction, max_in_flight, p2p_messages
 from .schedules import (SCHEDULES, Action, make_schedule, peak_in_flight, schedule_1f1b,
                         schedule_gpipe, schedule_interleaved)
@@ -18,30 +19,12 @@ __all__ = ["bubble_fraction", "max_in_flight", "p2p_messages", "check_same_model
            "Action", "make_schedule", "peak_in_flight", "schedule_1f1b", "schedule_gpipe",
            "schedule_interleaved", "Timeline", "simulate", "StageChunk", "build_chunks",
            "split_stages"]
-_SUBMODULES = ('comm', 'gantt', 'runtime', 'simulate', 'split')
 
-
-def _load() -> dict:
-    """Import the torch-side submodules and return their exports."""
-    from .comm import check_same_model, exchange_tied_grad
-    from .gantt import plot_gantt
-    from .runtime import PipelineResult, run_schedule
-    from .simulate import Timeline, simulate
-    from .split import StageChunk, build_chunks, split_stages
-    return locals()
-
-
-def __getattr__(name: str):
-    """Load the torch-side exports (and submodules) on first use."""
-    if name in __all__:
-        exports = _load()
-        globals().update(exports)  # as the eager imports did: an export wins over a submodule of its name
-        return exports[name]
-    if name in _SUBMODULES:
-        globals().update(_load())
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# the torch side loads on first use
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".comm": ("check_same_model", "exchange_tied_grad"),
+    ".gantt": ("plot_gantt",),
+    ".runtime": ("PipelineResult", "run_schedule"),
+    ".simulate": ("Timeline", "simulate"),
+    ".split": ("StageChunk", "build_chunks", "split_stages"),
+})

@@ -10,14 +10,10 @@ gradient accumulation over several backward passes.
 
 from __future__ import annotations
 
-import copy
-from functools import partial
-
 import torch
 import torch.distributed as dist
 
-from ..collectives import queue_after_backward
-from .comm import GroupRef
+from ..collectives import GradSumAfterBackward
 
 __all__ = ["SequenceParallelGradSync", "sync_sequence_parallel_grads", "is_reduced", "mark_reduced"]
 
@@ -32,56 +28,13 @@ def is_reduced(p: torch.Tensor) -> bool:
     return p.grad is None or getattr(p, "_sp_reduced", None) == (p.grad.data_ptr(), p.grad._version)
 
 
-class SequenceParallelGradSync:
-    """Sums each backward pass's gradient of ``params`` over ``group`` when that pass ends.
+class SequenceParallelGradSync(GradSumAfterBackward):
+    """Sums each backward pass's gradient of ``params`` over ``group`` when that pass ends
+    (labkit.collectives' :class:`GradSumAfterBackward`), and marks each summed ``.grad``
+    (:func:`mark_reduced`), so that :func:`sync_sequence_parallel_grads` does not sum it again."""
 
-    A hook keeps each parameter's gradient of the pass (and ``.grad`` as it was before); at the
-    end of the pass one all-reduce of them, flattened in a fixed order, gives ``.grad = before +
-    sum over ranks``, the unsharded model's accumulation. ``torch.autograd.grad`` is left alone.
-    """
-
-    def __init__(self, params, group):
-        self.params, self._group = list(params), GroupRef(group)
-        self._local, self._before, self._accumulated = {}, {}, set()
-        self.armed, self.reductions = False, 0
-        for i, p in enumerate(self.params):
-            p.register_hook(partial(self._on_grad, i))
-            p.register_post_accumulate_grad_hook(partial(self._on_accumulated, i))
-
-    def __deepcopy__(self, memo):
-        # hooks are not deep-copied with a tensor: a copied model gets its own, on its own parameters
-        return SequenceParallelGradSync([copy.deepcopy(p, memo) for p in self.params], self._group.group)
-
-    def _on_grad(self, i, grad):
-        p = self.params[i]
-        self._local[i] = grad
-        self._before[i] = None if p.grad is None else p.grad.detach().clone()
-        if not self.armed:
-            self.armed = True
-            queue_after_backward(self._finish)
-        return grad
-
-    def _on_accumulated(self, i, _param):
-        self._accumulated.add(i)
-
-    @torch.no_grad()
-    def _finish(self) -> None:
-        self.armed = False
-        if not self._local:
-            return  # every rank of the group runs the same backward: all of them return here
-        flat = torch.cat([self._local[i].reshape(-1) if i in self._local else torch.zeros_like(p).reshape(-1)
-                          for i, p in enumerate(self.params)])  # (n,): a fixed size on every rank
-        dist.all_reduce(flat, group=self._group.group)
-        offset = 0
-        for i, p in enumerate(self.params):
-            total = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-            if i in self._accumulated and p.grad is not None:
-                before = self._before.get(i)
-                p.grad.copy_(total if before is None else before + total)
-                mark_reduced(p)
-        self._local, self._before, self._accumulated = {}, {}, set()
-        self.reductions += 1
+    def _summed(self, p: torch.Tensor) -> None:
+        mark_reduced(p)
 
 
 @torch.no_grad()

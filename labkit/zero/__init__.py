@@ -10,6 +10,7 @@ gradients), ``FullyShardedModule`` (stage 3: and parameters), ``OffloadOptimizer
 ``analytic`` imports no torch and is loaded at once; the mechanisms are loaded on first use.
 """
 
+from .._lazy import lazy_exports
 from .analytic import (STAGES, VOLUME_WEIGHT, OffloadSavings, analytic_comm_volume, comm_volume,
                        offload_savings, padded_numel, shard_numel, zero_bytes_per_param,
                        zero_model_state_bytes)
@@ -22,32 +23,14 @@ __all__ = [
     "zero_model_state_bytes", "zero_bytes_per_param", "STAGES", "VOLUME_WEIGHT", "comm_volume",
     "analytic_comm_volume", "OffloadSavings", "offload_savings",
 ]
-_SUBMODULES = ("comm", "flat", "offload", "sharded_state", "stage1", "stage2", "stage3")
 
-
-def _load() -> dict:
-    """Import the mechanisms (they need torch) and return their exports."""
-    from ..collectives import INIT_SYNCS
-    from .flat import FlatLayout, shard_range
-    from .offload import OffloadOptimizer
-    from .sharded_state import CheckpointError, load_sharded, save_sharded, verify_sharded
-    from .stage1 import ShardedOptimizer, check_elementwise_optimizer
-    from .stage2 import ShardedGradOptimizer
-    from .stage3 import FullyShardedModule
-    return locals()
-
-
-def __getattr__(name: str):
-    """Load the mechanisms (and submodules) on first use, so ``zero.analytic`` needs no torch."""
-    if name in __all__:
-        exports = _load()
-        globals().update(exports)  # as the eager imports did: an export wins over a submodule of its name
-        return exports[name]
-    if name in _SUBMODULES:
-        globals().update(_load())
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# the mechanisms (they need torch) load on first use, so that zero.analytic needs no torch
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "..collectives": ("INIT_SYNCS",),
+    ".flat": ("FlatLayout", "shard_range"),
+    ".offload": ("OffloadOptimizer",),
+    ".sharded_state": ("CheckpointError", "load_sharded", "save_sharded", "verify_sharded"),
+    ".stage1": ("ShardedOptimizer", "check_elementwise_optimizer"),
+    ".stage2": ("ShardedGradOptimizer",),
+    ".stage3": ("FullyShardedModule",),
+}, submodules=("comm",))
