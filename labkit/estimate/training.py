@@ -79,8 +79,9 @@ def check_trainable(shape: ModelShape) -> ModelShape:
     activations it counts are those of labkit's block, and a mixture of experts needs its own."""
     missing = [f for f in shape.features() if f not in TRAINING_MODELS]
     if missing:
+        moe = "; a mixture of experts needs an expert-parallel axis (ep), not there yet" if "experts" in missing else ""
         raise ValueError(f"training estimates do not model {missing} yet (modelled: labkit's block, with "
-                         f"{list(TRAINING_MODELS)})")
+                         f"{list(TRAINING_MODELS)}){moe}")
     return shape
 
 
