@@ -206,9 +206,9 @@ def test_training_refuses_what_it_does_not_model_by_name(name, words):
 MIXTRAL_ACTIVE = 46_702_792_704 - 32 * (8 - 2) * 3 * 4096 * 14336  # less 6 unchosen experts a layer
 
 
-def _cli(tmp_path, capsys, name, *args):
+def _cli(tmp_path, capsys, config: dict, *args):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(RELEASED[name][2]))
+    path.write_text(json.dumps(config))
     with pytest.raises(SystemExit) as end:
         raise SystemExit(main([args[0], "--config", str(path), *args[1:]]))
     out = capsys.readouterr()
@@ -216,20 +216,21 @@ def _cli(tmp_path, capsys, name, *args):
 
 
 def test_cli_says_what_it_read_and_refuses_by_name(tmp_path, capsys):
-    code, out, err = _cli(tmp_path, capsys, "mixtral-8x7b", "serve", "--gpu", "a100-80gb", "--context-len", "4096")
+    code, out, err = _cli(tmp_path, capsys, _config("mixtral-8x7b"), "serve", "--gpu", "a100-80gb",
+                          "--context-len", "4096")
     assert code == 1 and "weights" in err
     assert f"46.70B parameters, {MIXTRAL_ACTIVE / 1e9:.2f}B active" in out
     assert "experts: 8, 2 a token, width 14336" in out
     assert "8 KV heads, head size 128" in out and out.startswith(f"read {tmp_path}")
     assert all(len(line) <= 80 for line in out.splitlines()[1:])  # after the path given
-    code, out, err = _cli(tmp_path, capsys, "deepseek-v3", "train", "--gpu", "h100-sxm", "--num-gpus", "64",
-                          "--global-batch", "64")
+    code, out, err = _cli(tmp_path, capsys, _config("deepseek-v3"), "train", "--gpu", "h100-sxm",
+                          "--num-gpus", "64", "--global-batch", "64")
     assert code == 2 and "experts" in err and "MLA" in err
     assert f"{preset('deepseek-v3').num_params() / 1e9:.2f}B parameters" in out
     assert "no --seq-len: 163840 tokens" in out
     assert "multi-token-prediction" in out and "MLA (cache 576 a token a layer)" in out
-    code, out, _ = _cli(tmp_path, capsys, "qwen2.5-7b", "serve", "--gpu", "a100-80gb", "--context-len", "4096",
-                        "--json")
+    code, out, _ = _cli(tmp_path, capsys, _config("qwen2.5-7b"), "serve", "--gpu", "a100-80gb",
+                        "--context-len", "4096", "--json")
     model = json.loads(out)["model"]
     assert code == 0 and model["params"] == PUBLISHED_EXACT["qwen2.5-7b"]
     assert any("use_sliding_window is false" in a for a in model["assumed"])
@@ -241,3 +242,17 @@ def test_list_models_shows_total_and_active_within_80_columns(capsys):
     row = next(line for line in out.splitlines() if line.split()[0] == "mixtral-8x7b")
     assert "46.70B" in row and f"{MIXTRAL_ACTIVE / 1e9:.2f}B" in row
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_defaults_are_the_family_s_and_the_cli_names_them(tmp_path, capsys):
+    qwen = _config("qwen2.5-7b")
+    del qwen["use_sliding_window"]  # Qwen2's default: false, so its sliding_window is not applied
+    assert ModelShape.from_hf_config(qwen).sliding_window is None
+    mistral = {**_config("mistral-nemo-12b"), "sliding_window": 4096}  # Mistral applies it everywhere
+    assert ModelShape.from_hf_config(mistral).sliding_window == 4096
+    gemma = _config("gemma-2-9b")  # no tie_word_embeddings: Gemma ties (its default); Llama does not
+    assert preset("gemma-2-9b").tie_embeddings and not preset("llama-3.1-8b").tie_embeddings
+    hand_written = {k: v for k, v in _config("llama-3.1-8b").items() if k != "model_type"}
+    code, out, _ = _cli(tmp_path, capsys, hand_written, "serve", "--gpu", "a100-80gb", "--context-len", "64")
+    assert code == 0 and "assumed: no model_type: read as a llama config.json" in out
+    assert "no tie_word_embeddings" not in out and "tie_word_embeddings" not in json.dumps(gemma)
