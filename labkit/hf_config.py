@@ -225,7 +225,7 @@ def _deepseek(c: dict) -> dict:
 
 
 def _gpt_oss(c: dict) -> dict:
-    bias = bool(c.get("attention_bias", False))  # q, k, v and o alike
+    bias = c.get("attention_bias", True)  # q, k, v and o alike; GptOssConfig's default: True
     return {**_experts(c, "num_local_experts", ("experts_per_token", "num_experts_per_tok"), None),
             "qkv_bias": bias, "o_bias": bias, "attn_sinks": True, "router_bias": True, "expert_bias": True}
 
