@@ -74,8 +74,8 @@ def _from_shape(name: str) -> GPTConfig:
     return GPTConfig(**{k: v for k, v in shape.to_dict().items() if k in names})
 
 
-PRESETS: dict[str, GPTConfig] = {
-    **{name: _from_shape(name) for name in SHAPES},
+PRESETS: dict[str, GPTConfig] = {  # the shapes labkit's block builds (none with experts, MLA, ...)
+    **{name: _from_shape(name) for name, shape in SHAPES.items() if not shape.features()},
     "llama-7b-like": GPTConfig(n_layer=32, n_head=32, d_model=4096, seq_len=2048, vocab_size=32000),
 }
 

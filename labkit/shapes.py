@@ -1,115 +1,168 @@
-"""Published model shapes, torch-free: GPT-2's block and the Llama family, with exact parameter counts.
+"""Published model shapes, torch-free: GPT-2's block, the Llama family and today's released models.
 
 A :class:`ModelShape` is what a memory estimate needs to know of a model: L = ``n_layer``, h =
-``d_model``, a = ``n_head``, n_kv = ``n_kv_head`` (grouped-query attention when n_kv < a), the MLP
-width ``d_ff``, V = ``vocab_size``, s = ``seq_len``, and the block's kind (LayerNorm or RMSNorm,
-GELU or SwiGLU MLP, learned or rotary positions, tied or untied embeddings, biases or none).
-:mod:`labkit.model` builds runnable ``GPTConfig`` s from the same presets; this module imports
-no torch, so the estimator and the calculators in the book read it anywhere.
+``d_model``, a = ``n_head``, n_kv = ``n_kv_head``, the head size, the MLP width ``d_ff``, V =
+``vocab_size``, s = ``seq_len``, the block's kind, its attention windows, its experts and MLA's
+compressed cache. ``from_hf_config`` reads a config.json by its model_type (:mod:`labkit.hf_config`);
+the released presets are their config.json files (:mod:`labkit.released_configs`). No torch here.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from .validate import check_bool, check_choice, check_float, check_int
+from .hf_config import HF_CONFIG_FIELDS, shape_fields
+from .released_configs import RELEASED
+from .shape_rules import GATED, ShapeProperties, check_shape, features
+from .validate import check_int
 
 __all__ = ["ModelShape", "ShapeProperties", "PRESETS", "preset", "HF_CONFIG_FIELDS"]
 
 
-class ShapeProperties:
-    """What follows from a shape's fields: shared by :class:`ModelShape` and ``labkit.model.GPTConfig``."""
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        """n_kv: key-value heads (n_head for multi-head attention)."""
-        return self.n_head if self.n_kv_head is None else self.n_kv_head
-
-    @property
-    def ffn_dim(self) -> int:
-        """The MLP's inner width: ``d_ff``, or 4 h for GPT-2's block."""
-        return 4 * self.d_model if self.d_ff is None else self.d_ff
-
-    def step_flops(self, global_batch: int, recompute: bool = False) -> int:
-        """Matmul FLOPs of one training step on ``global_batch`` sequences of seq_len (Narayanan et
-        al. 2021b, Appendix; ``labkit.model.training_flops`` documents the count and its checks)."""
-        check_int("global_batch", global_batch, 1)
-        check_bool("recompute", recompute)
-        B, s, h, L, V = global_batch, self.seq_len, self.d_model, self.n_layer, self.vocab_size
-        weights = (2 * h + 2 * self.kv_heads * self.head_dim) * h  # W_q, W_o; W_k, W_v
-        weights += (3 if self.mlp == "swiglu" else 2) * h * self.ffn_dim  # 8 h² for GPT-2's MLP
-        layer_forward = 2 * B * s * weights + 4 * B * s * s * h
-        return (4 if recompute else 3) * L * layer_forward + 6 * B * s * h * V
-
-
 @dataclass(frozen=True)
 class ModelShape(ShapeProperties):
-    """The shape of a decoder-only transformer in the course's notation (see the module docstring)."""
+    """The shape of a decoder-only transformer in the course's notation (see the module docstring).
 
-    n_layer: int
-    d_model: int
-    n_head: int
-    vocab_size: int
-    seq_len: int
-    n_kv_head: int | None = None  # None: multi-head attention (n_kv_head = n_head)
-    d_ff: int | None = None  # None: 4 h, GPT-2's MLP
+    Beside each field, the config.json key it is read from (:mod:`labkit.hf_config`)."""
+
+    n_layer: int  # num_hidden_layers
+    d_model: int  # hidden_size
+    n_head: int  # num_attention_heads
+    vocab_size: int  # vocab_size
+    seq_len: int  # max_position_embeddings
+    n_kv_head: int | None = None  # num_key_value_heads; None: multi-head attention (n_kv_head = n_head)
+    d_ff: int | None = None  # intermediate_size (Llama 4: intermediate_size_mlp); None: 4 h, GPT-2's MLP
     norm: str = "layernorm"
-    mlp: str = "gelu"
+    mlp: str = "gelu"  # "swiglu" (hidden_act silu), "geglu" (gelu_pytorch_tanh: Gemma)
     pos: str = "learned"
-    tie_embeddings: bool = True
-    bias: bool = True
-    sliding_window: int | None = None  # keys a query sees at most (Mistral's window); None: all
+    tie_embeddings: bool = True  # tie_word_embeddings
+    bias: bool = True  # a bias in every linear layer and LayerNorm (GPT-2)
+    sliding_window: int | None = None  # sliding_window (Llama 4: attention_chunk_size); None: all keys
     n_positions: int | None = None  # rows of a learned position table, if not seq_len (OPT: s + 2)
-    rope_theta: float = 10000.0  # θ of the rotary angles (pos="rope"); no parameter depends on it
+    rope_theta: float = 10000.0  # rope_theta; θ of the rotary angles; no parameter depends on it
+    d_head: int | None = None  # head_dim, where it is not d_model / n_head (Qwen3, Gemma, Mistral-Nemo)
+    qkv_bias: bool = False  # biases of W_q, W_k, W_v alone (Qwen2's, always; gpt-oss: attention_bias)
+    o_bias: bool = False  # a bias on W_o (gpt-oss: attention_bias)
+    qk_norm: bool = False  # an RMSNorm of head_dim on q and on k (Qwen3, always)
+    ffn_norms: bool = False  # Gemma 2's pre- and post-feed-forward RMSNorms: four norms a block
+    attn_sinks: bool = False  # gpt-oss: a learned sink logit a head a layer
+    full_attention_every: int | None = None  # layer_types: every k-th layer full, the others windowed
+    chunked_attention: bool = False  # Llama 4: the windowed layers attend within fixed chunks
+    n_experts: int = 0  # num_local_experts, num_experts, n_routed_experts: routed experts; 0: dense
+    experts_per_token: int = 0  # num_experts_per_tok (gpt-oss: experts_per_token): top-k
+    d_expert: int | None = None  # moe_intermediate_size (Llama 4: intermediate_size); None: d_ff
+    n_shared_experts: int = 0  # n_shared_experts (DeepSeek); 1 for Qwen2-MoE's and Llama 4's
+    d_shared: int | None = None  # shared_expert_intermediate_size (Qwen2-MoE); None: d_expert
+    shared_gate: bool = False  # Qwen2-MoE's sigmoid gate on its shared expert (a (1, h) weight)
+    router_bias: bool = False  # a router bias (gpt-oss; DeepSeek-V3's e_score_correction_bias)
+    expert_bias: bool = False  # biases in every expert's matrices (gpt-oss)
+    first_dense_layers: int = 0  # first_k_dense_replace: the first layers dense, of width d_ff
+    moe_every: int = 1  # decoder_sparse_step, interleave_moe_layer_step: MoE when (i + 1) % k == 0
+    dense_layers: tuple = ()  # mlp_only_layers (Qwen MoE): layers kept dense
+    kv_lora_rank: int = 0  # kv_lora_rank: MLA's compressed key-value width; 0: no MLA
+    q_lora_rank: int = 0  # q_lora_rank: MLA's compressed query width; 0 (null): W_q direct
+    qk_rope_head_dim: int = 0  # qk_rope_head_dim: MLA's rotary part of a query/key head
+    qk_nope_head_dim: int = 0  # qk_nope_head_dim: MLA's part without positions
+    v_head_dim: int = 0  # v_head_dim: MLA's value head size
+    n_mtp_layers: int = 0  # num_nextn_predict_layers: multi-token prediction, not in num_params
+    weight_format: str | None = None  # quantization_config.quant_method: stored as, not counted as
+    source: str = ""  # what was read when not the whole config (a multimodal model's text_config)
 
     def __post_init__(self):
-        for name in ("n_layer", "d_model", "n_head", "vocab_size", "seq_len"):
-            check_int(name, getattr(self, name), 1)
-        for name in ("n_kv_head", "d_ff", "sliding_window", "n_positions"):
-            if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), 1)
-        check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
-        check_choice("mlp", self.mlp, ("gelu", "swiglu"))
-        check_choice("pos", self.pos, ("learned", "rope"))
-        for name in ("tie_embeddings", "bias"):
-            check_bool(name, getattr(self, name))
-        check_float("rope_theta", self.rope_theta, above=0.0)
-        if self.d_model % self.n_head:
-            raise ValueError(f"n_head={self.n_head} must divide d_model={self.d_model}")
-        if self.n_head % self.kv_heads:
-            raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head}")
+        check_shape(self)
 
-    def layer_params(self, tp_size: int = 1) -> int:
-        """Parameters of one block (on one of ``tp_size`` tensor-parallel ranks): attention, MLP,
-        two norms. Megatron's split: W_q, W_k, W_v, W_o, the MLP's matrices and the column-parallel
-        biases are divided by t; the norms and the two row-parallel biases are whole on every rank."""
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block ``layer`` (0-based) routes to experts: past first_dense_layers, every
+        moe_every-th, not in dense_layers (DeepSeek's, Qwen's and Llama 4's rules, one rule)."""
+        return bool(self.n_experts) and layer >= self.first_dense_layers and \
+            (layer + 1) % self.moe_every == 0 and layer not in self.dense_layers
+
+    @property
+    def expert_dim(self) -> int:
+        return self.ffn_dim if self.d_expert is None else self.d_expert
+
+    @property
+    def shared_dim(self) -> int:
+        return self.expert_dim if self.d_shared is None else self.d_shared
+
+    @property
+    def active_ffn_dim(self) -> int:
+        """The widest MLP a token passes through: d_ff in a dense layer; in a MoE layer its k
+        experts' and the shared experts' widths summed."""
+        moe = self.experts_per_token * self.expert_dim + self.n_shared_experts * self.shared_dim
+        dense = any(not self.is_moe_layer(i) for i in range(self.n_layer))
+        return max(self.ffn_dim if dense else 0, moe if self.n_experts else 0)
+
+    def layer_params(self, tp_size: int = 1, layer: int = 0) -> int:
+        """Parameters of block ``layer`` (on one of ``tp_size`` tensor-parallel ranks): attention,
+        MLP or experts, norms. Megatron's split: W_q, W_k, W_v, W_o, the MLPs' and experts'
+        matrices and the column-parallel biases are divided by t; the norms, the router, MLA's
+        down-projections and the row-parallel biases are whole on every rank."""
         t = self.check_tp_size(tp_size)
-        h, hd, a, kv, f = self.d_model, self.head_dim, self.n_head, self.kv_heads, self.ffn_dim
-        attn = (h * a * hd + 2 * h * kv * hd + a * hd * h) // t  # W_q, W_k, W_v, W_o
-        mlp = (3 if self.mlp == "swiglu" else 2) * h * f // t  # gate, up, down (SwiGLU) or up, down
-        if self.bias:
-            attn += (a * hd + 2 * kv * hd) // t + h
-            mlp += (2 * f if self.mlp == "swiglu" else f) // t + h
-        return attn + mlp + 2 * self.norm_params()
+        check_int("layer", layer, 0, self.n_layer - 1)
+        return self._block_params(t, self.is_moe_layer(layer))
+
+    def _block_params(self, t: int, moe: bool) -> int:
+        ffn = self._moe_params(t) if moe else self._mlp_params(self.ffn_dim, t)
+        return self._attention_params(t) + ffn + (4 if self.ffn_norms else 2) * self.norm_params()
+
+    def _attention_params(self, t: int) -> int:
+        h, hd, a, kv = self.d_model, self.head_dim, self.n_head, self.kv_heads
+        if self.kv_lora_rank:  # MLA (DeepSeek-V2, Sec. 2.1): W_DQ, W_UQ; W_DKV (+ the rope key), W_UK, W_UV
+            r, c, v = self.qk_rope_head_dim, self.kv_lora_rank, self.v_head_dim
+            q = h * a * hd // t if not self.q_lora_rank else \
+                self.q_lora_rank * (h + 1) + self.q_lora_rank * a * hd // t  # + its RMSNorm
+            return q + h * (c + r) + c + c * a * (self.qk_nope_head_dim + v) // t + a * v * h // t
+        n = (h * a * hd + 2 * h * kv * hd + a * hd * h) // t  # W_q, W_k, W_v, W_o
+        n += (a * hd + 2 * kv * hd) // t if self.bias or self.qkv_bias else 0
+        n += h if self.bias or self.o_bias else 0
+        return n + (2 * hd if self.qk_norm else 0) + (a // t if self.attn_sinks else 0)
+
+    def _mlp_params(self, width: int, t: int) -> int:
+        """An MLP of ``width``: gate, up, down (gated) or up, down, with GPT-2's biases."""
+        gated = self.mlp in GATED
+        n = (3 if gated else 2) * self.d_model * width // t
+        return n + ((2 * width if gated else width) // t + self.d_model if self.bias else 0)
+
+    def expert_params(self, tp_size: int = 1) -> int:
+        """One routed expert's parameters on one of ``tp_size`` ranks (gpt-oss's biases included)."""
+        t, h, f = self.check_tp_size(tp_size), self.d_model, self.expert_dim
+        return 3 * h * f // t + (2 * f // t + h if self.expert_bias else 0)
+
+    def _moe_params(self, t: int) -> int:
+        h, e = self.d_model, self.n_experts
+        router = h * e + (e if self.router_bias else 0) + (h if self.shared_gate else 0)
+        shared = self.n_shared_experts * 3 * h * self.shared_dim // t
+        return router + e * self.expert_params(t) + shared
 
     def check_tp_size(self, tp_size: int) -> int:
-        """``tp_size`` if it divides the heads, the key-value heads and d_ff, else a ValueError
-        naming what it must divide (the vocabulary is padded to a multiple of t, as Megatron does)."""
+        """``tp_size`` if it divides the heads, the key-value heads and every MLP width, else a
+        ValueError naming what it must divide (the vocabulary is padded to a multiple of t)."""
         t = check_int("tp_size", tp_size, 1)
-        for name, value in (("n_head", self.n_head), ("n_kv_head", self.kv_heads), ("d_ff", self.ffn_dim)):
+        for name, value in self._tp_split():
             if value % t:
                 raise ValueError(f"tp_size={t} must divide {name}={value} (each rank holds whole heads "
                                  f"and an equal share of d_ff); valid tp_size: "
                                  f"{[d for d in range(1, self.n_head + 1) if self.tp_divides(d)]}")
         return t
 
+    def _tp_split(self) -> list:
+        split = [("n_head", self.n_head), ("d_ff", self.ffn_dim)]
+        split += [] if self.kv_lora_rank else [("n_kv_head", self.kv_heads)]
+        return split + ([("d_expert", self.expert_dim), ("d_shared", self.shared_dim)] if self.n_experts else [])
+
     def tp_divides(self, t: int) -> bool:
-        """Whether t divides the heads, the key-value heads and d_ff (see :meth:`check_tp_size`)."""
-        return not (self.n_head % t or self.kv_heads % t or self.ffn_dim % t)
+        """Whether t divides the heads, the key-value heads and the MLP widths (see :meth:`check_tp_size`)."""
+        return not any(value % t for _, value in self._tp_split())
+
+    def kv_cache_width(self, tp_size: int = 1) -> int:
+        """Elements one token caches in one layer on one of ``tp_size`` ranks: a key and a value of
+        its n_kv / t heads (one head when t exceeds them, as vLLM replicates them), or under MLA the
+        compressed kv_lora_rank + the rope key qk_rope_head_dim, whole on every rank."""
+        t = check_int("tp_size", tp_size, 1)
+        if self.kv_lora_rank:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * max(1, self.kv_heads // t) * self.head_dim
 
     def vocab_rows(self, tp_size: int = 1) -> int:
         """Rows of the embedding (and output head) one of ``tp_size`` ranks holds: ceil(V / t), the
@@ -129,8 +182,20 @@ class ModelShape(ShapeProperties):
         return self.vocab_rows(t) * h * (1 if self.tie_embeddings else 2) + positions
 
     def num_params(self) -> int:
-        """Exact parameter count Ψ (tied embeddings counted once)."""
-        return self.embedding_params() + self.n_layer * self.layer_params() + self.norm_params()
+        """Exact parameter count Ψ (tied embeddings counted once; MTP modules not counted)."""
+        return self.embedding_params() + self._layers_params(1, 0, self.n_layer) + self.norm_params()
+
+    def active_params(self) -> int:
+        """Parameters a token passes through: Ψ less the experts its router does not choose in
+        every MoE layer (embedding and head included, as Mixtral's 12.9B and DeepSeek-V3's 37B)."""
+        moe = sum(1 for i in range(self.n_layer) if self.is_moe_layer(i))
+        return self.num_params() - moe * (self.n_experts - self.experts_per_token) * self.expert_params()
+
+    def _layers_params(self, t: int, start: int, stop: int) -> int:
+        moe = sum(1 for i in range(start, stop) if self.is_moe_layer(i)) if self.n_experts else 0
+        dense = stop - start - moe
+        return (dense * self._block_params(t, False) if dense else 0) + \
+            (moe * self._block_params(t, True) if moe else 0)
 
     def stage_layers(self, pp_size: int = 1, stage: int = 0) -> int:
         """Blocks of pipeline ``stage`` of ``pp_size``: n_layer / p, the first n_layer mod p stages
@@ -149,13 +214,18 @@ class ModelShape(ShapeProperties):
         """
         t = self.check_tp_size(tp_size)
         p = check_int("pp_size", pp_size, 1, self.n_layer)
-        n = self.stage_layers(p, stage) * self.layer_params(t)
+        first = stage * (self.n_layer // p) + min(stage, self.n_layer % p)
+        n = self._layers_params(t, first, first + self.stage_layers(p, stage))
         head = self.vocab_rows(t) * self.d_model  # the output head, or a tied embedding's copy
         if stage == 0:
             n += self.embedding_params(t) - (0 if self.tie_embeddings or p == 1 else head)
         if stage == p - 1:
             n += self.norm_params() + (head if p > 1 else 0)
         return n
+
+    def features(self) -> tuple:
+        """What this shape has beyond labkit's GPT block, by name (:func:`labkit.shape_rules.features`)."""
+        return features(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -179,38 +249,9 @@ class ModelShape(ShapeProperties):
 
     @classmethod
     def from_hf_config(cls, config: dict) -> "ModelShape":
-        """The shape of a Hugging Face ``config.json`` (as a dict) of a Llama-, Mistral- or GPT-2-style model."""
-        return _from_hf(cls, config)
-
-
-# The fields read from a Hugging Face config.json, and the ModelShape field each fills.
-HF_CONFIG_FIELDS = {
-    "num_hidden_layers": "n_layer", "hidden_size": "d_model", "num_attention_heads": "n_head",
-    "vocab_size": "vocab_size", "max_position_embeddings": "seq_len",
-    "num_key_value_heads": "n_kv_head", "intermediate_size": "d_ff",
-}
-_HF_REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
-                "max_position_embeddings", "intermediate_size")
-
-
-def _from_hf(cls, config: dict) -> ModelShape:
-    if not isinstance(config, dict):
-        raise TypeError(f"config must be a dict (a parsed config.json), not {type(config).__name__}")
-    missing = [k for k in _HF_REQUIRED if k not in config]
-    if missing:
-        raise ValueError(f"config.json is missing {missing}; a Llama-style config needs {list(_HF_REQUIRED)}")
-    act = config.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ValueError(f"hidden_act={act!r}: only SwiGLU models (hidden_act 'silu') are read from config.json")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise ValueError(f"{key}={config[key]!r}: only bias-free Llama-style blocks are read from config.json")
-    kw = {field: config[key] for key, field in HF_CONFIG_FIELDS.items() if config.get(key) is not None}
-    if config.get("rope_theta") is not None:
-        kw["rope_theta"] = config["rope_theta"]
-    return cls(**kw, norm="rmsnorm", mlp="swiglu", pos="rope", bias=False,
-               tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-               sliding_window=config.get("sliding_window"))
+        """The shape of a Hugging Face ``config.json`` (as a dict), read by its model_type
+        (:func:`labkit.hf_config.shape_fields`: what each family reads, and what is refused)."""
+        return cls(**shape_fields(config))
 
 
 def _llama(L, h, a, kv, f, V, s, **kw) -> ModelShape:
@@ -246,6 +287,8 @@ PRESETS: dict[str, ModelShape] = {
                            rope_theta=500000.0).replace(tie_embeddings=True),
     # Mistral 7B (jiang2023mistral, Table 1): GQA with 8 key-value heads, a 4096-token sliding window.
     "mistral-7b": _llama(32, 4096, 32, 8, 14336, 32000, 32768, sliding_window=4096),
+    # Released checkpoints read from their config.json files (labkit.released_configs cites each).
+    **{name: ModelShape.from_hf_config(config) for name, (_, _, config) in RELEASED.items()},
 }
 
 

@@ -10,8 +10,9 @@ no torch, so they run anywhere, a browser included.
 from ..hardware import GPU, GPUS, get_gpu
 from ..shapes import PRESETS, ModelShape
 from .serving import NON_TORCH_BYTES, PROFILE_TOKENS, ServingEstimate, serving_memory
-from .training import OPTIMIZERS, PRECISIONS, MemoryEstimate, as_shape, layer_activation_bytes, training_memory
+from .training import (OPTIMIZERS, PRECISIONS, MemoryEstimate, as_shape, check_trainable, layer_activation_bytes,
+                       training_memory)
 
 __all__ = ["training_memory", "MemoryEstimate", "serving_memory", "ServingEstimate", "ModelShape",
            "PRESETS", "GPU", "GPUS", "get_gpu", "as_shape", "layer_activation_bytes", "PRECISIONS",
-           "OPTIMIZERS", "NON_TORCH_BYTES", "PROFILE_TOKENS"]
+           "OPTIMIZERS", "NON_TORCH_BYTES", "PROFILE_TOKENS", "check_trainable"]

@@ -4,7 +4,9 @@ vLLM gives the KV cache what is left of ``gpu_memory_utilization`` x the GPU's m
 weights, the peak of a forward and the memory PyTorch does not manage. It measures the last two
 by profiling; this estimate assumes them (see :func:`serving_memory`). Bytes per token come from
 ``labkit.paged_attention.analytic.kv_bytes_per_token`` (2 L n_kv head_dim e: grouped-query
-attention counted); a sliding window caps the tokens one sequence caches.
+attention counted; under MLA L (kv_lora_rank + qk_rope_head_dim) e, ``ModelShape.kv_cache_width``);
+a sliding window caps the tokens one sequence caches. Every expert's weights count. Windows that
+differ by layer (Gemma 2, gpt-oss, Llama 4) are refused by name until they are modelled.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_by
     assumed, not profiled: vLLM's profiling batch of ``profile_tokens`` tokens runs without
     autograd and with a FlashAttention-style kernel (no s^2 scores), so at most one layer's tensors
     live at once: the residual stream, the norm's output and the attention output (3h a token,
-    whole on every rank) and the MLP's gate and up outputs (2 d_ff/t), in ``weight_bytes``; the
+    whole on every rank) and the MLP's gate and up outputs (2 d_ff/t; with experts, the k chosen and
+    the shared ones: ``ModelShape.active_ffn_dim``), in ``weight_bytes``; the
     logits of one token a sequence are left out. When t exceeds the KV heads, each rank keeps one
     KV head (vLLM replicates them).
     """
@@ -87,14 +90,21 @@ def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_by
     check_int("profile_tokens", profile_tokens, 1)
     check_int("non_torch_bytes", non_torch_bytes, 0)
     kv = shape.kv_heads
+    unmodelled = [f for f in shape.features() if f in ("per-layer windows", "chunked attention")]
+    if unmodelled:
+        raise ValueError(f"{unmodelled}: the serving estimate caps every layer's cache at one window; "
+                         "windows that differ by layer are not modelled yet")
     if shape.n_head % t or (kv % t and t % kv):
         raise ValueError(f"tp_size={t} must divide n_head={shape.n_head}, and divide or be a multiple of "
                          f"n_kv_head={kv}")
     weights = _weights_per_rank(shape, t) * weight_bytes
-    peak = profile_tokens * (3 * shape.d_model + 2 * shape.ffn_dim // t) * weight_bytes
+    peak = profile_tokens * (3 * shape.d_model + 2 * shape.active_ffn_dim // t) * weight_bytes
     budget = math.floor(gpu_memory_utilization * g.memory_bytes)
     kv_cache = max(0, budget - weights - peak - non_torch_bytes)
-    per_block = block_size * kv_bytes_per_token(shape.n_layer, max(1, kv // t), shape.head_dim, kv_bytes)
+    if shape.kv_lora_rank:  # MLA: the compressed cache, whole on every rank
+        per_block = block_size * shape.n_layer * shape.kv_cache_width(t) * kv_bytes
+    else:
+        per_block = block_size * kv_bytes_per_token(shape.n_layer, max(1, kv // t), shape.head_dim, kv_bytes)
     return ServingEstimate(g.name, budget, weights, peak, non_torch_bytes, kv_cache, per_block, block_size,
                            shape.sliding_window)
 

@@ -20,12 +20,16 @@ from ..validate import check_bool, check_choice, check_int
 from ..zero.analytic import STAGES, zero_model_state_bytes
 from .report import breakdown
 
-__all__ = ["MemoryEstimate", "training_memory", "layer_activation_bytes", "PRECISIONS", "OPTIMIZERS", "as_shape"]
+__all__ = ["MemoryEstimate", "training_memory", "layer_activation_bytes", "PRECISIONS", "OPTIMIZERS", "as_shape",
+           "check_trainable", "TRAINING_MODELS"]
 
 # precision -> (labkit.memory's policy for the model states, bytes of an activation element)
 PRECISIONS = {"bf16-mixed": ("mixed", 2), "fp16-mixed": ("mixed", 2),
               "bf16-mixed-fp32-grads": ("mixed_fp32_grads", 2), "bf16": ("bf16", 2), "fp32": ("fp32", 4)}
 OPTIMIZERS = ("adamw", "adam", "sgd_momentum", "sgd")
+# What the activation count models of the features beyond labkit's block (ModelShape.features):
+# biases and windows leave the tensors a layer keeps unchanged. Any other is refused by name.
+TRAINING_MODELS = ("q/k/v biases", "output bias", "per-layer windows", "chunked attention")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,18 @@ def as_shape(shape) -> ModelShape:
     if hasattr(shape, "n_layer") and hasattr(shape, "d_model"):
         return ModelShape.from_config(shape)
     raise TypeError(f"shape={shape!r} must be a ModelShape, a preset name, a GPTConfig or a config.json dict")
+
+
+def check_trainable(shape: ModelShape) -> ModelShape:
+    """``shape`` if the training estimate models every feature it has, else a ValueError naming
+    those it does not (experts, MLA, a head size not d_model / n_head, extra norms, ...): the
+    activations it counts are those of labkit's block, and a mixture of experts needs its own."""
+    missing = [f for f in shape.features() if f not in TRAINING_MODELS]
+    if missing:
+        moe = "; a mixture of experts needs an expert-parallel axis (ep), not there yet" if "experts" in missing else ""
+        raise ValueError(f"training estimates do not model {missing} yet (modelled: labkit's block, with "
+                         f"{list(TRAINING_MODELS)}){moe}")
+    return shape
 
 
 def _degrees(dims) -> tuple[int, int, int, int]:
@@ -112,7 +128,7 @@ def training_memory(shape, *, seq_len: int, micro_batch: int, dims=None, zero_st
     communication bucket, since labkit's bucketed data parallelism makes the gradients views of
     its buckets (torch's DDP copies into 25 MB buckets: add them for it).
     """
-    shape = as_shape(shape)
+    shape = check_trainable(as_shape(shape))
     dp, tp, pp, cp = _degrees(dims)
     args = _check_args(shape, seq_len, micro_batch, tp, pp, cp, zero_stage, recompute, sequence_parallel,
                        num_microbatches, schedule, v, precision, optimizer, offload)

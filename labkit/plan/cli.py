@@ -11,6 +11,7 @@ import json
 import sys
 
 from ..hardware import GPUS
+from ..hf_config import FAMILIES, MULTIMODAL
 from ..shapes import PRESETS, ModelShape
 from .planner import RECOMPUTE, plan_training
 from .serving import plan_serving
@@ -80,18 +81,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _shape(args, fail) -> ModelShape:
+def _shape(args, fail) -> tuple:
+    """The shape of --model or --config, and the config.json read (None for a preset)."""
     if (args.model is None) == (args.config is None):
         fail("give one of --model (a preset) or --config (a config.json)")
     if args.model is not None:
         if args.model not in PRESETS:
             fail(f"--model {args.model!r} is unknown; valid presets: {', '.join(PRESETS)}")
-        return PRESETS[args.model]
+        return PRESETS[args.model], None
     try:
         with open(args.config) as f:
-            return ModelShape.from_hf_config(json.load(f))
+            config = json.load(f)
+        return ModelShape.from_hf_config(config), config
     except (OSError, json.JSONDecodeError, ValueError, TypeError) as e:
         fail(f"--config {args.config!r}: {e}")
+
+
+def _assumed(args, shape, config: dict) -> list:
+    """Each default the plan takes for what --config and the flags leave unsaid."""
+    out = [] if "model_type" in config else ["no model_type: read as a llama config.json"]
+    out += [shape.source] if shape.source else []
+    c = config.get("text_config", config) if config.get("model_type") in MULTIMODAL else config
+    family = c.get("model_type", "llama")
+    if "num_key_value_heads" not in c:
+        out.append("no num_key_value_heads: multi-head attention")
+    if "tie_word_embeddings" not in c and "tie_word_embeddings" not in config:
+        out.append(f"no tie_word_embeddings: {'tied' if FAMILIES[family][2] else 'untied'} ({family}'s default)")
+    if c.get("sliding_window") is not None and c.get("use_sliding_window", True) is False:
+        out.append(f"sliding_window {c['sliding_window']} not applied: use_sliding_window is false")
+    if shape.n_mtp_layers:
+        out.append(f"{shape.n_mtp_layers} multi-token-prediction layer(s) not counted")
+    if args.command == "train":
+        out += [] if args.seq_len else [f"no --seq-len: {shape.seq_len} tokens (max_position_embeddings)"]
+        out += [f"the weights stored as {shape.weight_format}, trained in --precision {args.precision}"
+                ] if shape.weight_format else []
+    else:
+        stored = f" (stored as {shape.weight_format})" if shape.weight_format else ""
+        out.append(f"weights at --weight-bytes {args.weight_bytes}{stored}, KV at --kv-bytes {args.kv_bytes}")
+    return out
 
 
 def _required(args, fail, names) -> None:
@@ -104,9 +131,8 @@ def _required(args, fail, names) -> None:
         fail(f"--top {args.top} must be at least 1")
 
 
-def _train(args, fail):
+def _train(args, fail, shape):
     _required(args, fail, ("num_gpus", "global_batch"))
-    shape = _shape(args, fail)
     return plan_training(shape, gpu=args.gpu, num_gpus=args.num_gpus, gpus_per_node=args.gpus_per_node,
                          seq_len=args.seq_len or shape.seq_len, global_batch=args.global_batch,
                          micro_batches=args.micro_batches, zero_stages=args.zero_stages,
@@ -116,9 +142,9 @@ def _train(args, fail):
                          context_parallel=args.context_parallel)
 
 
-def _serve(args, fail):
+def _serve(args, fail, shape):
     _required(args, fail, ("context_len",))
-    return plan_serving(_shape(args, fail), gpu=args.gpu, num_gpus=args.num_gpus, context_len=args.context_len,
+    return plan_serving(shape, gpu=args.gpu, num_gpus=args.num_gpus, context_len=args.context_len,
                         weight_bytes=args.weight_bytes, kv_bytes=args.kv_bytes, block_size=args.block_size,
                         gpu_memory_utilization=args.gpu_memory_utilization)
 
@@ -131,7 +157,7 @@ def _as_flags(message: str, args) -> str:
 
 
 def main(argv=None) -> int:
-    from .table import listing, serving_table, training_table
+    from .table import listing, serving_table, shape_lines, shape_summary, training_table
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -141,13 +167,21 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.error("choose a command: train or serve (or --list-models, --list-gpus)")
     fail = parser._subparsers._group_actions[0].choices[args.command].error
+    shape, config = _shape(args, fail)
+    read = {}
+    if config is not None:  # say what was read, and what was assumed
+        assumed = _assumed(args, shape, config)
+        read = {"model": {**shape_summary(shape), "config": args.config, "assumed": assumed}}
+        if not args.json:
+            print("\n".join(shape_lines(shape, f"{args.config} ({config.get('model_type', 'no model_type')})",
+                                        assumed)))
     try:
-        result = (_train if args.command == "train" else _serve)(args, fail)
+        result = (_train if args.command == "train" else _serve)(args, fail, shape)
     except ValueError as e:  # the library's checks name the argument; say it as the flag
         fail(_as_flags(str(e), args))
     shown = result.plans[:args.top]
     if args.json:
-        print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in shown],
+        print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in shown], **read,
                           **({} if result.plans else {"reason": result.reason()})}, indent=1))
     elif shown:
         print((training_table if args.command == "train" else serving_table)(result, args.top))

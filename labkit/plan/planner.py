@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from ..estimate import OPTIMIZERS, PRECISIONS, as_shape
+from ..estimate import OPTIMIZERS, PRECISIONS, as_shape, check_trainable
 from ..hardware import get_gpu, peak_flops
 from ..validate import check_bool, check_choice, check_float, check_int, check_positive
 from .sweep import Dims, cp_degrees, flops_of, layouts, pipeline_bubble, pipeline_choices, training_memory
@@ -166,7 +166,7 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     ``gpus_per_node``, else on the network. ZeRO shards, and gradients are all-reduced, over the
     N_d cp ranks that hold the same parameters.
     """
-    g, shape = get_gpu(gpu), as_shape(shape)
+    g, shape = get_gpu(gpu), check_trainable(as_shape(shape))
     check_choice("precision", precision, tuple(PRECISIONS))
     check_choice("optimizer", optimizer, OPTIMIZERS)
     check_bool("even_stages", even_stages)

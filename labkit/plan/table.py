@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from ..hardware import GPUS
 from ..shapes import PRESETS
 
-__all__ = ["table", "training_table", "serving_table", "listing"]
+__all__ = ["table", "training_table", "serving_table", "listing", "shape_summary", "shape_lines"]
 
 
 def table(header: list, rows: list) -> str:
@@ -41,14 +43,52 @@ def serving_table(result, top: int) -> str:
 
 
 def listing(models: bool, gpus: bool) -> str:
-    """The presets (layers, width, heads, parameters) and/or the GPUs (memory, peak)."""
+    """The presets (layers, width, heads, parameters and those a token passes through) and/or the
+    GPUs (memory, peak)."""
     out = []
     if models:
-        out.append(table(["model", "layers", "d_model", "heads", "kv heads", "params"],
-                         [[n, s.n_layer, s.d_model, s.n_head, s.kv_heads, f"{s.num_params() / 1e9:.2f}B"]
-                          for n, s in PRESETS.items()]))
+        out.append(table(["model", "layers", "d_model", "heads", "kv heads", "params", "active"],
+                         [[n, s.n_layer, s.d_model, s.n_head, s.kv_heads, f"{s.num_params() / 1e9:.2f}B",
+                           f"{s.active_params() / 1e9:.2f}B"] for n, s in PRESETS.items()]))
     if gpus:
         out.append(table(["gpu", "memory GB", "bf16 TFLOP/s", "link GB/s"],
                          [[n, g.memory_gb, f"{g.peak.get('bf16', g.peak.get('fp16', 0)) / 1e12:g}", g.link_gbps]
                           for n, g in GPUS.items()]))
     return "\n\n".join(out)
+
+
+def shape_summary(shape) -> dict:
+    """What a shape is, in the numbers a reader checks against the model card (for --config)."""
+    return {"params": shape.num_params(), "active_params": shape.active_params(), "n_layer": shape.n_layer,
+            "d_model": shape.d_model, "n_head": shape.n_head, "n_kv_head": shape.kv_heads,
+            "head_dim": shape.head_dim, "sliding_window": shape.sliding_window,
+            "full_attention_every": shape.full_attention_every, "n_experts": shape.n_experts,
+            "experts_per_token": shape.experts_per_token, "kv_lora_rank": shape.kv_lora_rank}
+
+
+def _window(s) -> str:
+    if s.sliding_window is None:
+        return "no window"
+    kind = "chunks" if s.chunked_attention else "a sliding window"
+    if s.full_attention_every:
+        k = s.full_attention_every
+        return f"{kind} of {s.sliding_window} on {k - 1} layer(s) in {k}, the others full"
+    return f"{kind} of {s.sliding_window} on every layer"
+
+
+def shape_lines(shape, what: str, assumed) -> list:
+    """The header ``--config`` prints: what was read (``what``), its counts and sizes, and each
+    default ``assumed``; lines within 80 columns."""
+    s = shape
+    lines = [f"read {what}",
+             f"  {s.num_params() / 1e9:.2f}B parameters, {s.active_params() / 1e9:.2f}B active a token; "
+             f"{s.n_layer} layers, d_model {s.d_model}",
+             f"  {s.n_head} heads, " + (f"MLA (cache {s.kv_cache_width()} a token a layer)" if s.kv_lora_rank
+                                         else f"{s.kv_heads} KV heads") + f", head size {s.head_dim}",
+             f"  {_window(s)}"]
+    if s.n_experts:
+        shared = f", {s.n_shared_experts} shared of {s.shared_dim}" if s.n_shared_experts else ""
+        dense = sum(1 for i in range(s.n_layer) if not s.is_moe_layer(i))
+        lines.append(f"  experts: {s.n_experts}, {s.experts_per_token} a token, width {s.expert_dim}{shared}; "
+                     f"{dense} dense layer(s)")
+    return lines + [line for a in assumed for line in textwrap.wrap(f"assumed: {a}", 80, subsequent_indent="  ")]
