@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .busy import busy_note, timeout_scale
 from .comm_counter import CommCounter, CommStats
 from .validate import check_choice, check_int, check_positive
 
@@ -69,33 +70,6 @@ def _rank_context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     return ctx
-
-
-def timeout_scale() -> float:
-    """``LABKIT_TIMEOUT_SCALE`` (default 1): how much longer than asked launches wait on a slow machine."""
-    raw = os.environ.get("LABKIT_TIMEOUT_SCALE", "1")
-    try:
-        scale = float(raw)
-    except ValueError:
-        scale = -1.0
-    if not scale > 0 or scale == float("inf"):
-        raise ValueError(f"LABKIT_TIMEOUT_SCALE={raw!r} must be a positive number (2 doubles every timeout)")
-    return scale
-
-
-def busy_note(load: float | None = None, cores: int | None = None) -> str:
-    """A sentence on how busy this machine is ('' when its load is below its number of cores)."""
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):  # no load average (Windows)
-            return ""
-    cores = cores or os.cpu_count() or 1
-    if load <= cores:
-        return ""
-    return (f"this machine is busy (load {load:.1f} on {cores} cores), so this may be a slow run rather "
-            "than a hung one: rerun it on a quieter machine, or give it more time with "
-            "LABKIT_TIMEOUT_SCALE=4 (or larger timeout_s / join_timeout_s)")
 
 
 def _default_backend() -> str:
@@ -256,8 +230,9 @@ def _collect(procs, results, world_size, join_timeout_s, outputs) -> None:
             elif time.monotonic() > deadline:
                 missing = sorted(set(range(world_size)) - set(outputs))
                 waited = f"{join_timeout_s:g}s" + (f" and {join_timeout_s:g}s more" if stretched else "")
-                why = busy_note() or ("the machine is not busy: a hung collective, an endless loop, or a run "
-                                      "longer than join_timeout_s")
+                why = (busy_note() + " or larger timeout_s / join_timeout_s") if busy_note() else (
+                    "the machine is not busy: a hung collective, an endless loop, or a run longer than "
+                    "join_timeout_s")
                 raise DistributedError(f"ranks {missing} did not finish within join_timeout_s={waited}: {why}")
             else:
                 continue

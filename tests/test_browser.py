@@ -23,6 +23,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from labkit.busy import timeout_scale
+
+# a loaded machine loads pages slowly: every wait below is this many times longer
+SCALE = timeout_scale()
+
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -285,7 +290,7 @@ def _open(browser, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -
     page.on("requestfailed", on_request_failed)
     page.on("response", on_response)
     try:
-        response = page.goto(url, wait_until="load", timeout=60_000)
+        response = page.goto(url, wait_until="load", timeout=60_000 * SCALE)
         assert response is not None and response.ok, f"{url}: HTTP error"
 
         has_math = page.evaluate("() => document.querySelectorAll('.math').length > 0")
@@ -293,7 +298,7 @@ def _open(browser, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -
             try:
                 page.wait_for_function(
                     "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                    timeout=30_000)
+                    timeout=30_000 * SCALE)
             except Exception:
                 pytest.fail(f"{name}: the page has math but MathJax did not start; "
                             f"blocked non-local requests: {blocked}")
@@ -302,7 +307,7 @@ def _open(browser, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -
                   "overflow": FIND_OVERFLOW, "wrapped": FIND_WRAPPED_CODE, "width": PAGE_WIDTH,
                   "nbval": FIND_NBVAL, "banner": BANNER, **extra}
         found = {key: page.evaluate(script) for key, script in checks.items()}
-        page.wait_for_load_state("networkidle", timeout=30_000)
+        page.wait_for_load_state("networkidle", timeout=30_000 * SCALE)
         shot = tmp_path / f"{name.replace('/', '__')}.png"
         page.screenshot(path=str(shot), full_page=True)
     finally:

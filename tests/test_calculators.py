@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
-from test_browser import LOCAL_HOSTS, ROOT, browser, site  # noqa: F401  (fixtures)
+from test_browser import LOCAL_HOSTS, ROOT, SCALE, browser, site  # noqa: F401  (fixtures)
 
 from labkit.estimate import serving_memory, training_memory
 from labkit.hardware import GPUS
@@ -243,6 +243,7 @@ def _plan_text(name: str, value) -> str | None:
 
 
 def _shown(calc, want: dict, timeout: float = 30.0) -> dict:
+    timeout *= SCALE
     """Wait until the output was computed from ``want`` (its data-inputs), then read it."""
     out = calc.locator(".labkit-calc-output")
     deadline = time.monotonic() + timeout
@@ -269,7 +270,7 @@ def _open(browser, url: str, problems: list, requests: list, route=None):  # noq
     page.on("request", lambda r: requests.append(r.url))
     page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
     page.on("console", lambda m: _console(m, problems))
-    page.goto(url, wait_until="load", timeout=60_000)
+    page.goto(url, wait_until="load", timeout=60_000 * SCALE)
     return context, page
 
 
@@ -281,7 +282,7 @@ def _console(msg, problems: list) -> None:
 
 def _ready(page) -> None:
     page.wait_for_function("() => Array.from(document.querySelectorAll('.labkit-calc'))"
-                           ".every(el => el.dataset.ready === '1')", timeout=LOAD_S * 1000)
+                           ".every(el => el.dataset.ready === '1')", timeout=LOAD_S * 1000 * SCALE)
 
 
 def _gb(n: int) -> str:
@@ -381,7 +382,7 @@ def test_page_says_when_the_calculator_cannot_load(browser, site):  # noqa: F811
     context.route("**/brython*.js", lambda r: r.abort("blockedbyclient"))
     page = context.new_page()
     try:
-        page.goto(f"{site}/{PAGES['training']}.html", wait_until="load", timeout=60_000)
+        page.goto(f"{site}/{PAGES['training']}.html", wait_until="load", timeout=60_000 * SCALE)
         status = page.locator(".labkit-calc-status").first.inner_text()
     finally:
         context.close()

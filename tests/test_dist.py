@@ -189,3 +189,16 @@ def test_no_code_picks_a_port_and_releases_it():
                 if "getsockname" in text or "free_port(" in text:
                     offenders.append(str(path.relative_to(root)))
     assert not offenders, f"a port picked and released before use in: {offenders}"
+
+
+def test_a_busy_machine_is_named_with_the_knob_and_the_scale_is_checked(monkeypatch):
+    from labkit.busy import busy_note, timeout_scale
+    note = busy_note(load=5.0, cores=2)
+    assert "load 5.0 on 2 cores" in note and "LABKIT_TIMEOUT_SCALE" in note
+    assert busy_note(load=1.5, cores=2) == ""  # not busy: nothing to say
+    for bad in ("0", "-1", "abc", "inf", "nan"):
+        monkeypatch.setenv("LABKIT_TIMEOUT_SCALE", bad)
+        with pytest.raises(ValueError, match="LABKIT_TIMEOUT_SCALE"):
+            timeout_scale()
+    monkeypatch.setenv("LABKIT_TIMEOUT_SCALE", "2.5")
+    assert timeout_scale() == 2.5
