@@ -165,6 +165,104 @@ def test_glossary_rule(tmp_path):
     assert len(problems) == 1 and "切片" in problems[0], problems
 
 
+def _catalogue(tmp_path: Path, pairs) -> Path:
+    """A folder holding one catalogue, page.po, with the (English, translation) pairs."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    catalog = Catalog(locale="zh_CN")
+    for english, chinese in pairs:
+        catalog.add(english, chinese)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    with open(tmp_path / "page.po", "wb") as f:
+        write_po(f, catalog)
+    return tmp_path
+
+
+def test_no_forbidden_variant():
+    """No catalogue uses a variant the glossary forbids (显存墙, 规约, 临时量, "增长了 N 倍", ...)."""
+    problems = i18n.forbidden_problems()
+    assert not problems, ("forbidden variants (locales/zh_CN/GLOSSARY.md, Forbidden variants):\n"
+                          + "\n".join(problems))
+
+
+def test_each_forbidden_variant_is_rejected(tmp_path):
+    """Each forbidden variant, planted in a translation (the glossary's own example), is found;
+    the same words in code or math, and the forms to use instead, are not."""
+    examples = i18n.forbidden_examples()
+    assert len(examples) >= 15 and {"显存墙", "规约", "临时量", "两个动量", "内存计量器"} <= set(examples)
+    for i, (pattern, example) in enumerate(examples.items()):
+        folder = _catalogue(tmp_path / f"variant{i}",
+                            [("Some English.", "前文。" + example + "。后文。")])
+        problems = i18n.forbidden_problems(folder)
+        assert problems and all(p.startswith("page: forbidden") for p in problems), (pattern,
+                                                                                     example)
+    clean = _catalogue(tmp_path / "clean", [
+        ("x", "在 64 张 GPU 上，峰值增至原来的 2 倍，每个节点一个 GPU 集群；用显存计量器测量。"),
+        ("y", "调用 `bucket_size(x)` 与 `\"dp\"`；$M_\\text{et al}$；突破 GPU 内存墙。"),
+        ("z", "速度最高可达 Hugging Face 实现的 3 倍，序列条数减为 1/16。")])
+    assert i18n.forbidden_problems(clean) == []
+
+
+def test_no_translation_that_sphinx_would_drop(tmp_path):
+    """A translation starting like a list item ("1. ", "+ ") is one Sphinx silently replaces by the
+    English; every such translation escapes its marker ("1\\. 显存都去哪儿了")."""
+    assert not i18n.dropped_problems(), "\n".join(i18n.dropped_problems())
+    folder = _catalogue(tmp_path, [("1. Where the memory goes", "1. 显存都去哪儿了"),
+                                   ("+ gradients", "+ 梯度"), ("2. ZeRO", "2\\. ZeRO"),
+                                   ("stage 1", "阶段 1")])
+    assert [p.split(": ")[-1] for p in i18n.dropped_problems(folder)] == ["1. 显存都去哪儿了",
+                                                                         "+ 梯度"]
+
+
+def test_display_math_follows_the_text_rule(tmp_path):
+    """In display math a symbol's \\text{} subscript stays English and every other \\text{} is
+    translated (GLOSSARY.md, "Display math"), in every catalogue and on planted equations."""
+    assert not i18n.math_text_problems(), "\n".join(i18n.math_text_problems())
+    folder = _catalogue(tmp_path, [
+        (r"M_\text{model states} = 16\Psi \text{ bytes.}",
+         r"M_\text{model states} = 16\Psi \text{ 字节。}"),  # right
+        (r"M_\text{model states} = 2\Psi \text{ bytes.}",
+         r"M_\text{模型状态} = 2\Psi \text{ 字节。}"),  # the symbol translated
+        (r"M_\text{model states} = 4\Psi \text{ bytes.}",
+         r"M_\text{model states} = 4\Psi \text{ bytes.}"),  # the prose left in English
+        (r"A = \underbrace{x}_{\text{fp32 weights}}", r"A = \underbrace{x}_{\text{fp32 权重}}")])
+    problems = i18n.math_text_problems(folder)
+    assert len(problems) == 2 and "subscript" in problems[0] and "'bytes'" in problems[1], problems
+
+
+def _title(name: str) -> tuple[str, str]:
+    """(English, Chinese) of a page's first message, its title."""
+    first = next(m for m in i18n.read_catalogue(LOCALE_DIR / f"{name}.po") if m.id)
+    return first.id, first.string
+
+
+def test_one_title_per_chapter():
+    """A chapter's title reads the same in the chapter, its lab, the exercises table and the
+    exercise notebook: where two English titles agree (or one is the other's head, before a
+    colon), so do the Chinese ones."""
+    table = {m.id: m.string for m in i18n.read_catalogue(LOCALE_DIR / "exercises" / "index.po")
+             if m.id}
+    notebooks = {m.id: m.string for m in i18n.read_catalogue(
+        LOCALE_DIR / f"{i18n.NOTEBOOKS_DOMAIN}.po") if m.id}
+    chapters = sorted(p.stem for p in (LOCALE_DIR / "chapters").glob("*.po"))
+    assert len(chapters) >= 10
+    for name in chapters:
+        n = int(name[:2])
+        titles = [_title(f"chapters/{name}")]
+        en, zh = _title(f"labs/{name}")
+        titles.append((re.sub(rf"^Lab {n}: ", "", en), re.sub(rf"^实验 {n}：", "", zh)))
+        [(en, zh)] = [(e, z) for e, z in table.items() if e.startswith(f"{n}. ")]
+        titles.append((en[len(f"{n}. "):], re.sub(rf"^{n}\\?\. ", "", zh)))
+        [(en, zh)] = [(e, z) for e, z in notebooks.items() if e.startswith(f"# Chapter {n} ")]
+        titles.append((en.split(": ", 1)[1], zh.split("：", 1)[1]))
+        for en_a, zh_a in titles:
+            for en_b, zh_b in titles:
+                if en_a.lower() == en_b.lower() or en_a.lower().startswith(en_b.lower() + ":"):
+                    assert zh_a.startswith(zh_b), (f"chapter {n}: {en_b!r} is {zh_b!r} in one "
+                                                   f"place and {zh_a!r} in another")
+
+
 # ----------------------------------------------------------------------------- exercise notebooks
 def _student_notebooks():
     return sorted((ROOT / "exercises" / "student").glob("*.ipynb"))
