@@ -16,8 +16,10 @@ keeps its old translation marked fuzzy; one that left the English becomes obsole
 fails when a message of a template has no translation, a translation is fuzzy, a catalogue holds
 an obsolete message or one the template no longer has, or a catalogue is missing or has no
 template, when a translation breaks the glossary (locales/zh_CN/GLOSSARY.md: a listed English
-term whose Chinese term is missing), and when it loses what must stay verbatim (a role's target,
-inline code, math, a URL); it prints the translated share.
+term whose Chinese term is missing, a forbidden variant, a display equation's ``\text{}`` against
+the glossary's rule), when Sphinx would drop it (it starts like a list item: "1. ", "+ "), and
+when it loses what must stay verbatim (a role's target, inline code, math, a URL); it prints the
+translated share.
 """
 
 from __future__ import annotations

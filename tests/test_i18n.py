@@ -10,6 +10,7 @@ test_browser.py).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -395,6 +396,185 @@ def test_no_page_shows_raw_markup(built_book, toc_page):
         text.feed((html / f"{toc_page}.html").read_text(encoding="utf-8"))
         raw = RAW_MARKUP.findall("".join(text.parts))
         assert not raw, f"{html.name}/{toc_page}: raw MyST markup shown as text: {raw}"
+
+
+# What a Chinese reader sees: headings, table cells, sidebar captions and titles in Chinese. Code,
+# math, lab outputs (the labs print English: another issue) and citations are left out; the
+# Latin words allowed are the glossary's "Kept in English" list, and one-letter symbols.
+_SHOWN_LATIN = re.compile(r"[0-9]*[A-Za-z][A-Za-z0-9]*(?:[-/'’.][A-Za-z0-9]+)*")
+# An English gloss after its Chinese term, or a quoted English message: （...） or “...”
+_GLOSS = re.compile(r"（[^（）\u4e00-\u9fff]*）|“[^“”\u4e00-\u9fff]*”")
+# File names, dotted and snake_case code names, addresses: GPU_RESULTS.md, torch.cuda, c_attn
+_FILE_OR_CODE = re.compile(r"\S*_\S*|\w+(?:\.\w+)+(?:/\S*)?")
+_NOT_PROSE = (".cell_output, .output, script, style, code, pre, .math, mjx-container, "
+              "a.headerlink, .bibtex-citation, .language-switch, .citation")
+
+
+@functools.lru_cache(maxsize=None)
+def kept_latin() -> frozenset[str]:
+    """The Latin words a Chinese page may show: the glossary's "Kept in English" list and the
+    authors' names in references.bib (lower case)."""
+    bib = (ROOT / "references.bib").read_text(encoding="utf-8")
+    names = set()
+    for authors in re.findall(r"author\s*=\s*\{(.*?)\},?\s*$", bib, re.M):
+        for author in authors.split(" and "):
+            names |= set(re.findall(r"[A-Za-z][A-Za-z'-]+", author.strip("{}")))
+    return frozenset(i18n.kept_english() | {n.lower() for n in names})
+
+
+def english_words(text: str, kept: set[str]) -> list[str]:
+    """The Latin words of ``text`` that a Chinese page may not show: not in ``kept``, whole or
+    part by part (a hyphenated name; number parts such as the 1 of ZeRO-1 aside), and longer than
+    one letter (a symbol)."""
+    words = []
+    text = _FILE_OR_CODE.sub(" ", _GLOSS.sub(" ", text))
+    for word in _SHOWN_LATIN.findall(text):
+        lower = word.lower().rstrip(".'’")
+        parts = [p for p in re.split(r"[-/]", lower) if p and not p[0].isdigit()]
+        if lower in kept or all(p in kept or len(p) == 1 for p in parts):
+            continue
+        words.append(word)
+    return words
+
+
+def _texts(soup, selector: str) -> list[str]:
+    return [" ".join(el.get_text(" ").split()) for el in soup.select(selector)]
+
+
+_PARTS = {"heading": "article h1, article h2, article h3, article h4, article h5",
+          "table cell": "article th, article td",
+          "sidebar caption": "nav p.caption, .bd-sidebar p.caption",
+          "title": "title, .logo__title",
+          "prose": "article p, article li, article dt, article dd, article figcaption, "
+                   "article caption, article .admonition-title"}
+
+
+@functools.lru_cache(maxsize=None)
+def _shown(page: str) -> dict[str, list[str]]:
+    """{part: the texts a reader sees} of a built page (one parse per page for all the tests
+    below), without code, math, lab outputs or citations. In "prose" the glued texts of
+    ENGLISH_GLUE_KEYS are left out; the other parts keep them."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(Path(page).read_text(encoding="utf-8"), "html.parser")
+    for element in soup.select(_NOT_PROSE):
+        element.decompose()
+    shown = {part: _texts(soup, selector) for part, selector in _PARTS.items() if part != "prose"}
+    english_glue = set(glued_texts().values())
+    for span in soup.select("span.pasted-text"):
+        if span.get_text() in english_glue:
+            span.decompose()
+    shown["prose"] = _texts(soup, _PARTS["prose"])
+    return shown
+
+
+def test_english_words_rule():
+    kept = kept_latin()
+    assert english_words("ZeRO-1 在 8 张 H100 上，fp32，GPT-2，LLaMA-7B，Megatron-LM", kept) == []
+    assert english_words("data parallelism 与 ZeRO", kept) == ["data", "parallelism"]
+    assert english_words("kept tensor", kept) == ["kept", "tensor"]
+
+
+def test_chinese_page_shows_no_english(built_book, toc_page):
+    """No heading, table cell, sidebar caption or title of a Chinese page is in English: each
+    shows only Chinese and the Latin words the glossary keeps."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    shown = _shown(str(built_book.zh_html / f"{toc_page}.html"))
+    kept = kept_latin()
+    for part in ("heading", "sidebar caption", "title"):
+        assert shown[part], f"zh {toc_page}: no {part} found ({_PARTS[part]})"
+    english = {f"{part}: {text}": words for part in ("heading", "table cell", "sidebar caption",
+                                                     "title")
+               for text in shown[part] if (words := english_words(text, kept))}
+    assert not english, f"zh {toc_page}: shown in English: {english}"
+
+
+def test_chinese_page_shows_its_translations(built_book, toc_page):
+    """The rendered Chinese page against its catalogue: no English message that has a
+    translation is shown as a whole heading, cell, paragraph or list item (the case of a
+    translation Sphinx dropped)."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    parts = _shown(str(built_book.zh_html / f"{toc_page}.html"))
+    shown = set(parts["heading"] + parts["table cell"] + parts["prose"])
+    catalogue = LOCALE_DIR / f"{toc_page}.po"
+    translated = {" ".join(m.id.split()) for m in i18n.read_catalogue(catalogue)
+                  if m.id and m.string and m.string.replace("\\", "") != m.id
+                  and not re.search(r"[`${}*\[\]_<>\\]", m.id)}
+    dropped = sorted(shown & translated)
+    assert not dropped, f"zh {toc_page}: shown in English though translated: {dropped}"
+
+
+# Text glued from the labs that is still English words, not numbers (the labs glue it; they
+# are being changed to glue numbers or a text per language). The prose scan below leaves out the
+# glued values of exactly these keys, and nothing else; delete a key once its lab no longer
+# glues English.
+ENGLISH_GLUE_KEYS = (
+    "01_memory_wall::step1_peak_phase", "01_memory_wall::step2_peak_phase",
+    "01_memory_wall::peak_7b_phase", "01_memory_wall::peak_7b_first_phase",
+    "02_zero::zero_comm_dp_stage12", "06_pipeline::pp_plan_paper",
+    "09_planning::pl_states_equal", "09_planning::pl_ft_reason", "09_planning::pl_ft_offload_rc",
+    "09_planning::pl_ft_bf16_rc", "09_planning::pl_70b_nofit_msg", "09_planning::pl_70b_recompute",
+    "09_planning::pl_70b_sp", "09_planning::pl_70b_dp0", "09_planning::pl_70b_flat_rc",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def glued_texts(keys=ENGLISH_GLUE_KEYS) -> dict[str, str]:
+    """{lab::key: the text it glues} for string-valued glue keys, read from the labs' outputs."""
+    import ast
+
+    found = {}
+    for key in keys:
+        lab, name = key.split("::")
+        notebook = json.loads((ROOT / "labs" / f"{lab}.ipynb").read_text(encoding="utf-8"))
+        for cell in notebook["cells"]:
+            for output in cell.get("outputs", []):
+                scrap = output.get("metadata", {}).get("scrapbook", {})
+                if scrap.get("name") == name:
+                    value = output["data"][scrap["mime_prefix"] + "text/plain"]
+                    found[key] = ast.literal_eval("".join(value))
+    return found
+
+
+def test_english_glue_keys_are_still_english():
+    """Each key left out of the prose scan still glues English words (else delete it)."""
+    kept = kept_latin()
+    texts = glued_texts()
+    assert sorted(texts) == sorted(ENGLISH_GLUE_KEYS), "a listed glue key no longer exists"
+    fixed = [key for key, text in texts.items() if not english_words(text, kept)]
+    assert not fixed, f"these labs no longer glue English: delete them here: {fixed}"
+
+
+def test_chinese_prose_has_no_english_words(built_book, toc_page):
+    """Every Chinese page's prose (paragraphs, list items, captions, admonition titles) shows no
+    Latin word outside the glossary's "Kept in English" list. Left out: code, math, lab outputs,
+    citations, and the glued texts of ENGLISH_GLUE_KEYS (by their values)."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    kept = kept_latin()
+    texts = _shown(str(built_book.zh_html / f"{toc_page}.html"))["prose"]
+    english = {text[:120]: words for text in texts if (words := english_words(text, kept))}
+    assert not english, f"zh {toc_page}: English words in the prose: {english}"
+
+
+def _search_index(html: Path) -> dict:
+    text = (html / "searchindex.js").read_text(encoding="utf-8")
+    return json.loads(text[text.index("(") + 1:text.rindex(")")])
+
+
+@pytest.mark.parametrize("term, page", [("显存", "chapters/01_memory_wall"),
+                                        ("梯度累积", "chapters/04_accumulation"),
+                                        ("流水线并行", "chapters/06_pipeline")])
+def test_chinese_search_index_has_chinese_words(built_book, term, page):
+    """Sphinx's Chinese search splits words with jieba (requirements-book.txt) and the
+    glossary's terms: the index holds the words a reader searches for, for the pages that use
+    them."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    index = _search_index(built_book.zh_html)
+    docs = []
+    for kind in ("terms", "titleterms"):
+        found = index[kind].get(term, [])
+        docs += found if isinstance(found, list) else [found]
+    assert index["docnames"].index(page) in docs, f"{term!r} does not find {page}: {docs}"
 
 
 # ----------------------------------------------------------------------------- verbatim parts
