@@ -556,6 +556,19 @@ def test_chinese_prose_has_no_english_words(built_book, toc_page):
     assert not english, f"zh {toc_page}: English words in the prose: {english}"
 
 
+def test_equation_references_read_in_each_language(built_book, toc_page):
+    """An equation reference reads "Eq. 2.3" in English, once ("Eq. Eq." was a source that wrote
+    the prefix the role adds), and "式 (2.3)" in Chinese (_ext/i18n_edition.py)."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    pages = [built_book.html / f"{toc_page}.html", built_book.zh_html / f"{toc_page}.html"]
+    english, chinese = (" ".join(_shown(str(p))["prose"]) for p in pages)
+    assert not re.search(r"\b(?:Eqs?|Equations?)\.?\s+Eq\.", english), f"{toc_page}: Eq. Eq."
+    assert "Eq." not in chinese, f"zh {toc_page}: an English equation reference"
+    refs = (ROOT / "locales/zh_CN/LC_MESSAGES" / f"{toc_page}.po").read_text(encoding="utf-8")
+    if "{eq}`" in refs:
+        assert re.search(r"式 \(\d+\.\d+\)", chinese), f"zh {toc_page}: no 式 (N) reference"
+
+
 def _search_index(html: Path) -> dict:
     text = (html / "searchindex.js").read_text(encoding="utf-8")
     return json.loads(text[text.index("(") + 1:text.rindex(")")])
