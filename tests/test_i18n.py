@@ -1,5 +1,8 @@
-"""The Chinese edition: complete and current catalogues, the glossary kept, both editions built and
-linked page to page, and the Chinese exercise notebooks made from their catalogue.
+"""The Chinese edition: complete and current catalogues, the glossary kept (its terms, its forbidden
+variants, its display-math rule, one title per chapter), both editions built and linked page to
+page, the Chinese pages read as rendered (no English heading, table cell, sidebar caption, title or
+prose word outside the glossary's kept list; no translation Sphinx dropped; 式 (N) references), its
+search index, and the Chinese exercise notebooks made from their catalogue.
 
 The catalogues are checked against message templates regenerated here from the English sources
 (scripts/i18n.py, the gettext builder into a temporary folder), so a change to an English
