@@ -16,8 +16,10 @@ keeps its old translation marked fuzzy; one that left the English becomes obsole
 fails when a message of a template has no translation, a translation is fuzzy, a catalogue holds
 an obsolete message or one the template no longer has, or a catalogue is missing or has no
 template, when a translation breaks the glossary (locales/zh_CN/GLOSSARY.md: a listed English
-term whose Chinese term is missing), and when it loses what must stay verbatim (a role's target,
-inline code, math, a URL); it prints the translated share.
+term whose Chinese term is missing, a forbidden variant, a display equation's ``\text{}`` against
+the glossary's rule), when Sphinx would drop it (it starts like a list item: "1. ", "+ "), and
+when it loses what must stay verbatim (a role's target, inline code, math, a URL); it prints the
+translated share.
 """
 
 from __future__ import annotations
@@ -241,7 +243,7 @@ _VERBATIM = re.compile(r"\{[\w:-]+\}`[^`]*`|``[^`]*``|`[^`]*`|\$\$.*?\$\$|\$[^$]
 def glossary(path: Path = GLOSSARY) -> dict[str, str]:
     """{English term: Chinese term} from the glossary's table (rows ``| English | 中文 |``)."""
     terms = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in _section(path, None).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.lstrip().startswith("|") and len(cells) == 2 and re.search(r"[A-Za-z]", cells[0]):
             if cells[0].lower() != "english":
@@ -268,9 +270,141 @@ def glossary_problems(locale_dir: Path = LOCALE_DIR, path: Path = GLOSSARY) -> l
             if not (m.id and m.string) or m.fuzzy:
                 continue
             english = _VERBATIM.sub(" ", m.id)
-            for term, (pattern, zh) in patterns.items():
+            # Longest terms first: a term inside a longer one that the translation keeps
+            # ("GPU memory" in "GPU memory wall", 内存墙) is not looked for again.
+            for term, (pattern, zh) in sorted(patterns.items(), key=lambda t: -len(t[0])):
                 if pattern.search(english) and zh not in m.string:
                     problems.append(f"{name}: {term!r} -> {zh!r} missing: {_short(m.string)}")
+                elif zh in m.string:
+                    english = pattern.sub(" ", english)
+    return problems
+
+
+def _section(path: Path, heading: str | None) -> str:
+    """The glossary's text under ``## heading`` (up to the next ``## ``); with None, the text
+    before the first ``## `` heading (the term table)."""
+    parts = re.split(r"^## +(.+?)\s*$", path.read_text(encoding="utf-8"), flags=re.M)
+    if heading is None:
+        return parts[0]
+    sections = dict(zip(parts[1::2], parts[2::2]))
+    return next(body for title, body in sections.items() if title.startswith(heading))
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The body rows of the Markdown tables in ``text``, split on unescaped ``|``."""
+    rows = []
+    for line in text.splitlines():
+        if not line.lstrip().startswith("|") or re.fullmatch(r"[\s|:-]+", line):
+            continue
+        cells = [c.strip().replace(r"\|", "|")
+                 for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+        rows.append(cells)
+    return rows[1:]  # the header row aside
+
+
+def _forbidden_rows(path: Path = GLOSSARY) -> list[list[str]]:
+    """The glossary's "Forbidden variants" rows: pattern, an example it rejects, what to use."""
+    return [row for row in _table_rows(_section(path, "Forbidden variants"))
+            if row and row[0].startswith("`")]
+
+
+def forbidden_variants(path: Path = GLOSSARY) -> dict[str, str]:
+    """{regular expression: what to use instead} from the glossary's "Forbidden variants"."""
+    return {row[0].strip("`"): row[2] for row in _forbidden_rows(path)}
+
+
+def forbidden_examples(path: Path = GLOSSARY) -> dict[str, str]:
+    """{regular expression: the example text the glossary says it rejects}."""
+    return {row[0].strip("`"): row[1] for row in _forbidden_rows(path)}
+
+
+def kept_english(path: Path = GLOSSARY) -> set[str]:
+    """The Latin words a Chinese page may show (lower case), from the glossary's "Kept in
+    English" block."""
+    block = re.search(r"```text\n(.*?)```", _section(path, "Kept in English"), re.S).group(1)
+    return {w.lower() for w in block.split()}
+
+
+def prose_of(text: str) -> str:
+    """``text`` with its verbatim parts (roles, code, math, URLs, TeX) each replaced by ``N``."""
+    return _VERBATIM.sub("N", text)
+
+
+def forbidden_in(text: str, variants: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """(what matched, what to use instead) for every forbidden variant in ``text``'s prose."""
+    variants = forbidden_variants() if variants is None else variants
+    prose = prose_of(text)
+    return [(m.group(0), instead) for pattern, instead in variants.items()
+            for m in re.finditer(pattern, prose)]
+
+
+def forbidden_problems(locale_dir: Path = LOCALE_DIR, path: Path = GLOSSARY) -> list[str]:
+    """'catalogue: forbidden 'x' (use y): message' for every forbidden variant in a translation."""
+    variants = forbidden_variants(path)
+    problems = []
+    for po in sorted(Path(locale_dir).rglob("*.po")):
+        name = po.relative_to(locale_dir).with_suffix("").as_posix()
+        for m in read_catalogue(po):
+            if m.id and m.string and not m.fuzzy:
+                problems += [f"{name}: forbidden {found!r} (use {instead}): {_short(m.string)}"
+                             for found, instead in forbidden_in(m.string, variants)]
+    return problems
+
+
+# A translation whose text starts like a list item, a quote or a heading parses as one, and
+# Sphinx then silently keeps the English (it only takes a translation that parses as a
+# paragraph). A heading "1. Memory" must be translated "1\. 显存". (The exercise notebooks'
+# catalogue holds whole Markdown blocks, where a list is a list.)
+_BLOCK_START = re.compile(r"\A(?:\d+[.)]|[-+*>]|#{1,6})(?:\s|\Z)")
+
+
+def dropped_problems(locale_dir: Path = LOCALE_DIR) -> list[str]:
+    """'catalogue: ...' for every translation that Sphinx would drop (it starts like a block)."""
+    problems = []
+    for po in sorted(Path(locale_dir).rglob("*.po")):
+        name = po.relative_to(locale_dir).with_suffix("").as_posix()
+        if name == NOTEBOOKS_DOMAIN:
+            continue
+        for m in read_catalogue(po):
+            if m.id and m.string and not m.fuzzy and _BLOCK_START.match(m.string):
+                problems.append(f"{name}: starts like a list item or heading, so Sphinx would "
+                                f"show the English (escape it: 1\\. …): {_short(m.string)}")
+    return problems
+
+
+# Display math: a \text{} right after _ or ^ is a symbol's name and stays English; any other
+# \text{} is prose and is translated (GLOSSARY.md, "Display math").
+_SYMBOL_TEXT = re.compile(r"[_^]\\text\{([^{}]*)\}")
+_PROSE_TEXT = re.compile(r"(?<![_^])\\text\{([^{}]*)\}")
+_LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-/'’][A-Za-z0-9]+)*")
+
+
+def is_display_math(message: str) -> bool:
+    """Whether a message is a display equation (TeX outside any $...$ and code)."""
+    return bool(re.search(r"\\[a-zA-Z]+", _CODE.sub(" ", _MATH.sub(" ", message)))) \
+        and "$" not in message
+
+
+def math_text_problems(locale_dir: Path = LOCALE_DIR, path: Path = GLOSSARY) -> list[str]:
+    """'catalogue: ...' for every display equation whose translation changes a symbol's
+    ``\\text{}`` subscript or leaves a prose ``\\text{}`` in English."""
+    from collections import Counter
+
+    kept = kept_english(path)
+    problems = []
+    for po in sorted(Path(locale_dir).rglob("*.po")):
+        name = po.relative_to(locale_dir).with_suffix("").as_posix()
+        for m in read_catalogue(po):
+            if not (m.id and m.string and not m.fuzzy and is_display_math(m.id)):
+                continue
+            if Counter(_SYMBOL_TEXT.findall(m.id)) != Counter(_SYMBOL_TEXT.findall(m.string)):
+                problems.append(f"{name}: a symbol's \\text{{}} subscript must stay as in the "
+                                f"English: {_short(m.string)}")
+            english = [w for x in _PROSE_TEXT.findall(m.string) for w in _LATIN_WORD.findall(x)
+                       if w.lower() not in kept]
+            if english:
+                problems.append(f"{name}: \\text{{}} left in English {english}: "
+                                f"{_short(m.string)}")
     return problems
 
 
@@ -373,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
             update(pot_dir)
         results = compare(pot_dir)
     print(report(results, details=args.command == "check"))
-    terms = glossary_problems() + verbatim_problems()
+    terms = (glossary_problems() + forbidden_problems() + dropped_problems()
+             + math_text_problems() + verbatim_problems())
     if args.command == "check" and terms:
         print(f"\n{len(terms)} translations break the glossary ({GLOSSARY.relative_to(ROOT)}) or "
               "lose a role, code, math or a URL of the English:")

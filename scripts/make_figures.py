@@ -187,6 +187,8 @@ TIMELINE = [
     ("FlashAttention", [(2022.4, "FA1 2022-05"), (2023.55, "FA2 2023-07"), (2024.55, "FA3 2024-07")],
      "flash-attn, PyTorch SDPA"),
     ("PagedAttention", [(2023.7, "vLLM 2023-09")], "vLLM"),
+    ("context parallelism", [(2023.7, "Ulysses 2023-09"), (2023.75, "Ring Attention 2023-10")],
+     "Megatron-Core, torchtitan"),
 ]
 
 

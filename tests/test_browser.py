@@ -7,7 +7,9 @@ column at a 1280 px wide window, a page that scrolls sideways there, a line of c
 (the CSS wrap is only a fallback: lab code keeps to 80 columns), nbval's markers shown on the
 page, a missing "not yet published" banner while repository.url is the placeholder, and a link
 to the other edition's page that is missing or does not load; on the Chinese pages also Chinese
-text drawn without a CJK font (blank or as boxes). Requests to any other host are blocked, so a page
+text drawn without a CJK font (blank or as boxes). The search page, in each edition, finds the
+pages that teach a term (显存, 梯度累积, 流水线并行 in Chinese). Requests to any other host are
+blocked, so a page
 that needs the network (for instance MathJax from a CDN) fails. Full-page screenshots are
 saved in the test's tmp_path.
 """
@@ -373,3 +375,38 @@ def test_chinese_page_renders_offline(browser, site, toc_page, tmp_path):
     assert cjk["blank"] == 0 and cjk["distinct"] == len(cjk["text"]), (
         f"{name}: Chinese characters {cjk['text']!r} are drawn as blanks or identical boxes in "
         f"{cjk['family']} ({cjk}): no font with CJK glyphs (apt-get install fonts-noto-cjk)")
+
+
+# Sphinx's search page, once its search has finished: the summary and the pages found.
+SEARCH_DONE = r"""() => {
+  const summary = document.querySelector('#search-results .search-summary');
+  return summary !== null && summary.innerText.trim().length > 0;
+}"""
+SEARCH_RESULTS = r"""() => Array.from(document.querySelectorAll('#search-results ul.search li a'))
+  .map(a => a.getAttribute('href'))"""
+
+
+@pytest.mark.parametrize("edition, term, page", [
+    ("zh/", "显存", "chapters/01_memory_wall"),
+    ("zh/", "梯度累积", "chapters/04_accumulation"),
+    ("zh/", "流水线并行", "chapters/06_pipeline"),
+    ("", "accumulation", "chapters/04_accumulation"),
+])
+def test_search_finds_the_page(browser, site, edition, term, page):
+    """The book's search page, in the same browser: a term finds the page that teaches it, in
+    both editions (the Chinese one needs jieba and the glossary's words, _ext/i18n_edition.py)."""
+    from urllib.parse import quote
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).hostname in
+                  LOCAL_HOSTS else r.abort("blockedbyclient"))
+    tab = context.new_page()
+    try:
+        tab.goto(f"{site}/{edition}search.html?q={quote(term)}", wait_until="load",
+                 timeout=60_000)
+        tab.wait_for_function(SEARCH_DONE, timeout=30_000)
+        found = tab.evaluate(SEARCH_RESULTS)
+    finally:
+        context.close()
+    assert any(href.split("?")[0].split("#")[0].endswith(f"{page}.html") for href in found), (
+        f"searching {term!r} in {edition or 'the English edition'} does not find {page}: {found}")

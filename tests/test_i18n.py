@@ -1,5 +1,8 @@
-"""The Chinese edition: complete and current catalogues, the glossary kept, both editions built and
-linked page to page, and the Chinese exercise notebooks made from their catalogue.
+"""The Chinese edition: complete and current catalogues, the glossary kept (its terms, its forbidden
+variants, its display-math rule, one title per chapter), both editions built and linked page to
+page, the Chinese pages read as rendered (no English heading, table cell, sidebar caption, title or
+prose word outside the glossary's kept list; no translation Sphinx dropped; 式 (N) references), its
+search index, and the Chinese exercise notebooks made from their catalogue.
 
 The catalogues are checked against message templates regenerated here from the English sources
 (scripts/i18n.py, the gettext builder into a temporary folder), so a change to an English
@@ -10,6 +13,7 @@ test_browser.py).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -165,6 +169,104 @@ def test_glossary_rule(tmp_path):
     assert len(problems) == 1 and "切片" in problems[0], problems
 
 
+def _catalogue(tmp_path: Path, pairs) -> Path:
+    """A folder holding one catalogue, page.po, with the (English, translation) pairs."""
+    from babel.messages.catalog import Catalog
+    from babel.messages.pofile import write_po
+
+    catalog = Catalog(locale="zh_CN")
+    for english, chinese in pairs:
+        catalog.add(english, chinese)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    with open(tmp_path / "page.po", "wb") as f:
+        write_po(f, catalog)
+    return tmp_path
+
+
+def test_no_forbidden_variant():
+    """No catalogue uses a variant the glossary forbids (显存墙, 规约, 临时量, "增长了 N 倍", ...)."""
+    problems = i18n.forbidden_problems()
+    assert not problems, ("forbidden variants (locales/zh_CN/GLOSSARY.md, Forbidden variants):\n"
+                          + "\n".join(problems))
+
+
+def test_each_forbidden_variant_is_rejected(tmp_path):
+    """Each forbidden variant, planted in a translation (the glossary's own example), is found;
+    the same words in code or math, and the forms to use instead, are not."""
+    examples = i18n.forbidden_examples()
+    assert len(examples) >= 15 and {"显存墙", "规约", "临时量", "两个动量", "内存计量器"} <= set(examples)
+    for i, (pattern, example) in enumerate(examples.items()):
+        folder = _catalogue(tmp_path / f"variant{i}",
+                            [("Some English.", "前文。" + example + "。后文。")])
+        problems = i18n.forbidden_problems(folder)
+        assert problems and all(p.startswith("page: forbidden") for p in problems), (pattern,
+                                                                                     example)
+    clean = _catalogue(tmp_path / "clean", [
+        ("x", "在 64 张 GPU 上，峰值增至原来的 2 倍，每个节点一个 GPU 集群；用显存计量器测量。"),
+        ("y", "调用 `bucket_size(x)` 与 `\"dp\"`；$M_\\text{et al}$；突破 GPU 内存墙。"),
+        ("z", "速度最高可达 Hugging Face 实现的 3 倍，序列条数减为 1/16。")])
+    assert i18n.forbidden_problems(clean) == []
+
+
+def test_no_translation_that_sphinx_would_drop(tmp_path):
+    """A translation starting like a list item ("1. ", "+ ") is one Sphinx silently replaces by the
+    English; every such translation escapes its marker ("1\\. 显存都去哪儿了")."""
+    assert not i18n.dropped_problems(), "\n".join(i18n.dropped_problems())
+    folder = _catalogue(tmp_path, [("1. Where the memory goes", "1. 显存都去哪儿了"),
+                                   ("+ gradients", "+ 梯度"), ("2. ZeRO", "2\\. ZeRO"),
+                                   ("stage 1", "阶段 1")])
+    assert [p.split(": ")[-1] for p in i18n.dropped_problems(folder)] == ["1. 显存都去哪儿了",
+                                                                         "+ 梯度"]
+
+
+def test_display_math_follows_the_text_rule(tmp_path):
+    """In display math a symbol's \\text{} subscript stays English and every other \\text{} is
+    translated (GLOSSARY.md, "Display math"), in every catalogue and on planted equations."""
+    assert not i18n.math_text_problems(), "\n".join(i18n.math_text_problems())
+    folder = _catalogue(tmp_path, [
+        (r"M_\text{model states} = 16\Psi \text{ bytes.}",
+         r"M_\text{model states} = 16\Psi \text{ 字节。}"),  # right
+        (r"M_\text{model states} = 2\Psi \text{ bytes.}",
+         r"M_\text{模型状态} = 2\Psi \text{ 字节。}"),  # the symbol translated
+        (r"M_\text{model states} = 4\Psi \text{ bytes.}",
+         r"M_\text{model states} = 4\Psi \text{ bytes.}"),  # the prose left in English
+        (r"A = \underbrace{x}_{\text{fp32 weights}}", r"A = \underbrace{x}_{\text{fp32 权重}}")])
+    problems = i18n.math_text_problems(folder)
+    assert len(problems) == 2 and "subscript" in problems[0] and "'bytes'" in problems[1], problems
+
+
+def _title(name: str) -> tuple[str, str]:
+    """(English, Chinese) of a page's first message, its title."""
+    first = next(m for m in i18n.read_catalogue(LOCALE_DIR / f"{name}.po") if m.id)
+    return first.id, first.string
+
+
+def test_one_title_per_chapter():
+    """A chapter's title reads the same in the chapter, its lab, the exercises table and the
+    exercise notebook: where two English titles agree (or one is the other's head, before a
+    colon), so do the Chinese ones."""
+    table = {m.id: m.string for m in i18n.read_catalogue(LOCALE_DIR / "exercises" / "index.po")
+             if m.id}
+    notebooks = {m.id: m.string for m in i18n.read_catalogue(
+        LOCALE_DIR / f"{i18n.NOTEBOOKS_DOMAIN}.po") if m.id}
+    chapters = sorted(p.stem for p in (LOCALE_DIR / "chapters").glob("*.po"))
+    assert len(chapters) >= 10
+    for name in chapters:
+        n = int(name[:2])
+        titles = [_title(f"chapters/{name}")]
+        en, zh = _title(f"labs/{name}")
+        titles.append((re.sub(rf"^Lab {n}: ", "", en), re.sub(rf"^实验 {n}：", "", zh)))
+        [(en, zh)] = [(e, z) for e, z in table.items() if e.startswith(f"{n}. ")]
+        titles.append((en[len(f"{n}. "):], re.sub(rf"^{n}\\?\. ", "", zh)))
+        [(en, zh)] = [(e, z) for e, z in notebooks.items() if e.startswith(f"# Chapter {n} ")]
+        titles.append((en.split(": ", 1)[1], zh.split("：", 1)[1]))
+        for en_a, zh_a in titles:
+            for en_b, zh_b in titles:
+                if en_a.lower() == en_b.lower() or en_a.lower().startswith(en_b.lower() + ":"):
+                    assert zh_a.startswith(zh_b), (f"chapter {n}: {en_b!r} is {zh_b!r} in one "
+                                                   f"place and {zh_a!r} in another")
+
+
 # ----------------------------------------------------------------------------- exercise notebooks
 def _student_notebooks():
     return sorted((ROOT / "exercises" / "student").glob("*.ipynb"))
@@ -297,6 +399,198 @@ def test_no_page_shows_raw_markup(built_book, toc_page):
         text.feed((html / f"{toc_page}.html").read_text(encoding="utf-8"))
         raw = RAW_MARKUP.findall("".join(text.parts))
         assert not raw, f"{html.name}/{toc_page}: raw MyST markup shown as text: {raw}"
+
+
+# What a Chinese reader sees: headings, table cells, sidebar captions and titles in Chinese. Code,
+# math, lab outputs (the labs print English: another issue) and citations are left out; the
+# Latin words allowed are the glossary's "Kept in English" list, and one-letter symbols.
+_SHOWN_LATIN = re.compile(r"[0-9]*[A-Za-z][A-Za-z0-9]*(?:[-/'’.][A-Za-z0-9]+)*")
+# An English gloss after its Chinese term, or a quoted English message: （...） or “...”
+_GLOSS = re.compile(r"（[^（）\u4e00-\u9fff]*）|“[^“”\u4e00-\u9fff]*”")
+# File names, dotted and snake_case code names, addresses: GPU_RESULTS.md, torch.cuda, c_attn
+_FILE_OR_CODE = re.compile(r"\S*_\S*|\w+(?:\.\w+)+(?:/\S*)?")
+_NOT_PROSE = (".cell_output, .output, script, style, code, pre, .math, mjx-container, "
+              "a.headerlink, .bibtex-citation, .language-switch, .citation")
+
+
+@functools.lru_cache(maxsize=None)
+def kept_latin() -> frozenset[str]:
+    """The Latin words a Chinese page may show: the glossary's "Kept in English" list and the
+    authors' names in references.bib (lower case)."""
+    bib = (ROOT / "references.bib").read_text(encoding="utf-8")
+    names = set()
+    for authors in re.findall(r"author\s*=\s*\{(.*?)\},?\s*$", bib, re.M):
+        for author in authors.split(" and "):
+            names |= set(re.findall(r"[A-Za-z][A-Za-z'-]+", author.strip("{}")))
+    return frozenset(i18n.kept_english() | {n.lower() for n in names})
+
+
+def english_words(text: str, kept: set[str]) -> list[str]:
+    """The Latin words of ``text`` that a Chinese page may not show: not in ``kept``, whole or
+    part by part (a hyphenated name; number parts such as the 1 of ZeRO-1 aside), and longer than
+    one letter (a symbol)."""
+    words = []
+    text = _FILE_OR_CODE.sub(" ", _GLOSS.sub(" ", text))
+    for word in _SHOWN_LATIN.findall(text):
+        lower = word.lower().rstrip(".'’")
+        parts = [p for p in re.split(r"[-/]", lower) if p and not p[0].isdigit()]
+        if lower in kept or all(p in kept or len(p) == 1 for p in parts):
+            continue
+        words.append(word)
+    return words
+
+
+def _texts(soup, selector: str) -> list[str]:
+    return [" ".join(el.get_text(" ").split()) for el in soup.select(selector)]
+
+
+_PARTS = {"heading": "article h1, article h2, article h3, article h4, article h5",
+          "table cell": "article th, article td",
+          "sidebar caption": "nav p.caption, .bd-sidebar p.caption",
+          "title": "title, .logo__title",
+          "prose": "article p, article li, article dt, article dd, article figcaption, "
+                   "article caption, article .admonition-title"}
+
+
+@functools.lru_cache(maxsize=None)
+def _shown(page: str) -> dict[str, list[str]]:
+    """{part: the texts a reader sees} of a built page (one parse per page for all the tests
+    below), without code, math, lab outputs or citations. In "prose" the glued texts of
+    ENGLISH_GLUE_KEYS are left out; the other parts keep them."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(Path(page).read_text(encoding="utf-8"), "html.parser")
+    for element in soup.select(_NOT_PROSE):
+        element.decompose()
+    shown = {part: _texts(soup, selector) for part, selector in _PARTS.items() if part != "prose"}
+    english_glue = set(glued_texts().values())
+    for span in soup.select("span.pasted-text"):
+        if span.get_text() in english_glue:
+            span.decompose()
+    shown["prose"] = _texts(soup, _PARTS["prose"])
+    return shown
+
+
+def test_english_words_rule():
+    kept = kept_latin()
+    assert english_words("ZeRO-1 在 8 张 H100 上，fp32，GPT-2，LLaMA-7B，Megatron-LM", kept) == []
+    assert english_words("data parallelism 与 ZeRO", kept) == ["data", "parallelism"]
+    assert english_words("kept tensor", kept) == ["kept", "tensor"]
+
+
+def test_chinese_page_shows_no_english(built_book, toc_page):
+    """No heading, table cell, sidebar caption or title of a Chinese page is in English: each
+    shows only Chinese and the Latin words the glossary keeps."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    shown = _shown(str(built_book.zh_html / f"{toc_page}.html"))
+    kept = kept_latin()
+    for part in ("heading", "sidebar caption", "title"):
+        assert shown[part], f"zh {toc_page}: no {part} found ({_PARTS[part]})"
+    english = {f"{part}: {text}": words for part in ("heading", "table cell", "sidebar caption",
+                                                     "title")
+               for text in shown[part] if (words := english_words(text, kept))}
+    assert not english, f"zh {toc_page}: shown in English: {english}"
+
+
+def test_chinese_page_shows_its_translations(built_book, toc_page):
+    """The rendered Chinese page against its catalogue: no English message that has a
+    translation is shown as a whole heading, cell, paragraph or list item (the case of a
+    translation Sphinx dropped)."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    parts = _shown(str(built_book.zh_html / f"{toc_page}.html"))
+    shown = set(parts["heading"] + parts["table cell"] + parts["prose"])
+    catalogue = LOCALE_DIR / f"{toc_page}.po"
+    translated = {" ".join(m.id.split()) for m in i18n.read_catalogue(catalogue)
+                  if m.id and m.string and m.string.replace("\\", "") != m.id
+                  and not re.search(r"[`${}*\[\]_<>\\]", m.id)}
+    dropped = sorted(shown & translated)
+    assert not dropped, f"zh {toc_page}: shown in English though translated: {dropped}"
+
+
+# Text glued from the labs that is still English words, not numbers (the labs glue it; they
+# are being changed to glue numbers or a text per language). The prose scan below leaves out the
+# glued values of exactly these keys, and nothing else; delete a key once its lab no longer
+# glues English.
+ENGLISH_GLUE_KEYS = (
+    "01_memory_wall::step1_peak_phase", "01_memory_wall::step2_peak_phase",
+    "01_memory_wall::peak_7b_phase", "01_memory_wall::peak_7b_first_phase",
+    "02_zero::zero_comm_dp_stage12", "06_pipeline::pp_plan_paper",
+    "09_planning::pl_states_equal", "09_planning::pl_ft_reason", "09_planning::pl_ft_offload_rc",
+    "09_planning::pl_ft_bf16_rc", "09_planning::pl_70b_nofit_msg", "09_planning::pl_70b_recompute",
+    "09_planning::pl_70b_sp", "09_planning::pl_70b_dp0", "09_planning::pl_70b_flat_rc",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def glued_texts(keys=ENGLISH_GLUE_KEYS) -> dict[str, str]:
+    """{lab::key: the text it glues} for string-valued glue keys, read from the labs' outputs."""
+    import ast
+
+    found = {}
+    for key in keys:
+        lab, name = key.split("::")
+        notebook = json.loads((ROOT / "labs" / f"{lab}.ipynb").read_text(encoding="utf-8"))
+        for cell in notebook["cells"]:
+            for output in cell.get("outputs", []):
+                scrap = output.get("metadata", {}).get("scrapbook", {})
+                if scrap.get("name") == name:
+                    value = output["data"][scrap["mime_prefix"] + "text/plain"]
+                    found[key] = ast.literal_eval("".join(value))
+    return found
+
+
+def test_english_glue_keys_are_still_english():
+    """Each key left out of the prose scan still glues English words (else delete it)."""
+    kept = kept_latin()
+    texts = glued_texts()
+    assert sorted(texts) == sorted(ENGLISH_GLUE_KEYS), "a listed glue key no longer exists"
+    fixed = [key for key, text in texts.items() if not english_words(text, kept)]
+    assert not fixed, f"these labs no longer glue English: delete them here: {fixed}"
+
+
+def test_chinese_prose_has_no_english_words(built_book, toc_page):
+    """Every Chinese page's prose (paragraphs, list items, captions, admonition titles) shows no
+    Latin word outside the glossary's "Kept in English" list. Left out: code, math, lab outputs,
+    citations, and the glued texts of ENGLISH_GLUE_KEYS (by their values)."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    kept = kept_latin()
+    texts = _shown(str(built_book.zh_html / f"{toc_page}.html"))["prose"]
+    english = {text[:120]: words for text in texts if (words := english_words(text, kept))}
+    assert not english, f"zh {toc_page}: English words in the prose: {english}"
+
+
+def test_equation_references_read_in_each_language(built_book, toc_page):
+    """An equation reference reads "Eq. 2.3" in English, once ("Eq. Eq." was a source that wrote
+    the prefix the role adds), and "式 (2.3)" in Chinese (_ext/i18n_edition.py)."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    pages = [built_book.html / f"{toc_page}.html", built_book.zh_html / f"{toc_page}.html"]
+    english, chinese = (" ".join(_shown(str(p))["prose"]) for p in pages)
+    assert not re.search(r"\b(?:Eqs?|Equations?)\.?\s+Eq\.", english), f"{toc_page}: Eq. Eq."
+    assert "Eq." not in chinese, f"zh {toc_page}: an English equation reference"
+    refs = (ROOT / "locales/zh_CN/LC_MESSAGES" / f"{toc_page}.po").read_text(encoding="utf-8")
+    if "{eq}`" in refs:
+        assert re.search(r"式 \(\d+\.\d+\)", chinese), f"zh {toc_page}: no 式 (N) reference"
+
+
+def _search_index(html: Path) -> dict:
+    text = (html / "searchindex.js").read_text(encoding="utf-8")
+    return json.loads(text[text.index("(") + 1:text.rindex(")")])
+
+
+@pytest.mark.parametrize("term, page", [("显存", "chapters/01_memory_wall"),
+                                        ("梯度累积", "chapters/04_accumulation"),
+                                        ("流水线并行", "chapters/06_pipeline")])
+def test_chinese_search_index_has_chinese_words(built_book, term, page):
+    """Sphinx's Chinese search splits words with jieba (requirements-book.txt) and the
+    glossary's terms: the index holds the words a reader searches for, for the pages that use
+    them."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    index = _search_index(built_book.zh_html)
+    docs = []
+    for kind in ("terms", "titleterms"):
+        found = index[kind].get(term, [])
+        docs += found if isinstance(found, list) else [found]
+    assert index["docnames"].index(page) in docs, f"{term!r} does not find {page}: {docs}"
 
 
 # ----------------------------------------------------------------------------- verbatim parts
