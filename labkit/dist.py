@@ -27,12 +27,16 @@ from .busy import busy_note, timeout_scale
 from .comm_counter import CommCounter, CommStats
 from .validate import check_choice, check_int, check_positive
 
-__all__ = ["launch", "rendezvous_store", "timeout_scale", "busy_note", "init_from_env", "rank_device",
-           "DistributedError", "CommCounter", "CommStats"]
+__all__ = ["launch", "rendezvous_store", "RendezvousError", "timeout_scale", "busy_note", "init_from_env",
+           "rank_device", "DistributedError", "CommCounter", "CommStats"]
 
 
 class DistributedError(RuntimeError):
     """A rank failed, hung or died; the message carries the rank and its traceback."""
+
+
+class RendezvousError(DistributedError):
+    """The ranks could not connect to each other (before ``fn`` ran on any of them)."""
 
 
 def rendezvous_store(timeout_s: float = 30.0) -> dist.TCPStore:
@@ -107,7 +111,11 @@ def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, result
             torch.cuda.set_device(rank % torch.cuda.device_count())
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)  # the parent's
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        try:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        except Exception:  # no rank has run fn: the parent may start the launch again
+            results.put((rank, None, traceback.format_exc()))
+            return
         try:
             out = fn(rank, world_size, *args, **kwargs)
         finally:
@@ -184,7 +192,22 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     _check_importable(fn)
     join_timeout_s = timeout_s + 60 if join_timeout_s is None else join_timeout_s
     scale = timeout_scale()
-    timeout_s, join_timeout_s = timeout_s * scale, join_timeout_s * scale
+    for attempt in range(_TRIES):
+        try:
+            return _launch_once(fn, world_size, args, kwargs, backend, timeout_s * scale, join_timeout_s * scale)
+        except RendezvousError as err:  # safe to retry: no rank ran fn
+            last = err
+    raise DistributedError(f"the ranks could not connect to each other in {_TRIES} tries "
+                           f"({busy_note() or 'the machine is not busy'}); the last failure:\n{last}")
+
+
+# gloo's connection of the ranks to each other now and then fails on a loaded machine
+# ("Connection closed by peer" in connectFullMesh): the launch starts again, twice at most.
+_TRIES = 3
+
+
+def _launch_once(fn, world_size, args, kwargs, backend, timeout_s, join_timeout_s) -> list:
+    """One start of the ranks, with a fresh store; their results, or the error of the first failure."""
     ctx = _rank_context()
     results = ctx.Queue()
     store = rendezvous_store(timeout_s)  # held until the ranks are gone: its port cannot be taken
@@ -236,6 +259,8 @@ def _collect(procs, results, world_size, join_timeout_s, outputs) -> None:
                 raise DistributedError(f"ranks {missing} did not finish within join_timeout_s={waited}: {why}")
             else:
                 continue
+        if ok is None:
+            raise RendezvousError(_failure_message(world_size, {rank: value}, results))
         if not ok:
             raise DistributedError(_failure_message(world_size, {rank: value}, results))
         outputs[rank] = torch.load(io.BytesIO(value), map_location="cpu", weights_only=False)

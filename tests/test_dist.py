@@ -202,3 +202,14 @@ def test_a_busy_machine_is_named_with_the_knob_and_the_scale_is_checked(monkeypa
             timeout_scale()
     monkeypatch.setenv("LABKIT_TIMEOUT_SCALE", "2.5")
     assert timeout_scale() == 2.5
+
+
+def test_ranks_that_cannot_connect_are_started_again_then_reported(monkeypatch):
+    """A failure to connect (here every time: gloo is told to use a network interface that does
+    not exist) happens before any rank runs ``fn``, so the launch starts again, up to 3 times,
+    then says so; a rank's own error is never retried (test above: reported at once)."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")
+    start = time.monotonic()
+    with pytest.raises(DistributedError, match=r"(?s)could not connect to each other in 3 tries.*no-such-interface0"):
+        launch(dist_workers.rank_and_pid, 2, timeout_s=20)
+    assert time.monotonic() - start < 60
