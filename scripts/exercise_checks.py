@@ -82,7 +82,8 @@ def score_variants(autograder_zip, solution_nb, variants):
 
     solution_nb: the autograder's notebook (solutions filled in). variants: [(question, code)]:
     `code` runs after every solution cell (it redefines the function it gets wrong). Returns
-    {"solution": {q: (score, possible)}, "variants": [(score, possible, [failure texts])]}.
+    {"solution": {q: (score, possible)},
+     "variants": [(score, possible, [failure texts], [index of each failed case])]}.
     """
     import zipfile
 
@@ -116,7 +117,8 @@ def score_variants(autograder_zip, solution_nb, variants):
         test = OKTestFile.from_spec(tests[question])
         test.run(env)
         failed = [r.message for r in test.test_case_results if not r.passed]
-        return test.score, test.possible, failed
+        which = [i for i, r in enumerate(test.test_case_results) if not r.passed]
+        return test.score, test.possible, failed, which
 
     solution = {q: run(q, None)[:2] for q in tests}
     return {"solution": solution, "variants": [run(q, code) for q, code in variants]}
