@@ -41,8 +41,10 @@ def install_question_time_limit(seconds):
 
     run_doctest = ok_test.run_doctest
     left, current = {}, [None]  # processor seconds left to each question; the one running
+    struck = set()  # questions whose limit has struck: their later cases fail at once
 
     def on_alarm(signum, frame):
+        struck.add(current[0])
         signal.setitimer(timer, 0.05)  # keep interrupting until the case gives up
         raise TimeoutError(LIMIT_MESSAGE.format(q=current[0], s=seconds))
 
@@ -50,7 +52,8 @@ def install_question_time_limit(seconds):
         question, _, case = name.rpartition(" ")
         if case == "0" or question not in left:  # a new check of this question
             left[question] = seconds
-        if left[question] <= 0:
+            struck.discard(question)
+        if left[question] <= 0 or question in struck:
             return _timeout_result(question, seconds)
         current[0] = question
         previous = signal.signal(alarm, on_alarm)

@@ -32,6 +32,7 @@ import hashlib
 import importlib.util
 import re
 import json
+import math
 import os
 import shutil
 import signal
@@ -73,8 +74,8 @@ def load_factor():
 
 
 def kernel_timeout(seconds=None):
-    """Seconds a kernel gets to start: `seconds`, else $EXERCISES_KERNEL_TIMEOUT, else 60 scaled
-    by load_factor()."""
+    """Whole seconds a kernel gets to start: `seconds`, else $EXERCISES_KERNEL_TIMEOUT, else 60
+    scaled by load_factor(); rounded up."""
     if seconds is None and os.environ.get(KERNEL_TIMEOUT_ENV):
         try:
             seconds = float(os.environ[KERNEL_TIMEOUT_ENV])
@@ -82,10 +83,10 @@ def kernel_timeout(seconds=None):
             raise ExerciseError(f"{KERNEL_TIMEOUT_ENV}={os.environ[KERNEL_TIMEOUT_ENV]!r} "
                                 "must be a number of seconds")
     if seconds is None:
-        return 60.0 * load_factor()
+        seconds = 60.0 * load_factor()
     if seconds <= 0:
         raise ExerciseError(f"kernel timeout={seconds:g} must be a positive number of seconds")
-    return float(seconds)
+    return max(1, math.ceil(seconds))  # nbclient counts whole seconds
 
 
 def _kernel_did_not_start(what, log, seconds):
@@ -510,7 +511,7 @@ def _kernel_startup(seconds):
 
     def patient_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        self.startup_timeout = seconds
+        self.startup_timeout = int(seconds)
 
     ExecutePreprocessor.__init__ = patient_init
 
@@ -569,9 +570,9 @@ def _otter_run(cell_timeout, question_timeout, startup, executed_path, otter_arg
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_otter-run"]:  # internal: what grade() runs in its subprocess
-        return _otter_run(float(argv[1]), float(argv[2]), float(argv[3]), argv[4], argv[5:])
+        return _otter_run(float(argv[1]), float(argv[2]), int(argv[3]), argv[4], argv[5:])
     if argv[:1] == ["_otter-assign"]:  # internal: what build() runs in its subprocess
-        return _otter_assign(float(argv[1]), argv[2:])
+        return _otter_assign(int(argv[1]), argv[2:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
