@@ -403,6 +403,22 @@ def _run_otter(autograder, nb, submission_name, work, token, timeout, limits):
             return proc, True
 
 
+def _run_otter_patiently(autograder, nb, submission_name, root, token, timeout, limits):
+    """_run_otter in root/try1; if its kernel did not start in time, once more in root/try2
+    with twice the start-up limit. Returns (process, timed_out, work folder, otter's log)."""
+    cell_timeout, question_timeout, startup = limits
+    for attempt in (1, 2):
+        work = root / f"try{attempt}"
+        work.mkdir()
+        proc, timed_out = _run_otter(autograder, nb, submission_name, work, token, timeout,
+                                     (cell_timeout, question_timeout, startup * attempt))
+        log = (work / "otter.log").read_text(errors="replace")
+        if timed_out or proc.returncode == 0 or not KERNEL_NOT_STARTED.search(log):
+            break
+        _stop(proc, token)  # a kernel that started too late may still be running
+    return proc, timed_out, work, log
+
+
 def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0, chapter=None,
           source_dir=SOURCE_DIR, dist_dir=DIST_DIR, kernel_seconds=None):
     """Grade one notebook with otter run in a subprocess; return a results dict.
@@ -410,11 +426,9 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
     {'chapter', 'scores': {q: score}, 'max_scores': {q: points}, 'failures': {q: [why, ...]},
      'notices': {q: [an answer cell that raised or was interrupted]}, 'total', 'max_total',
      'timed_out', 'timeout', 'seconds', 'run_id' (the value of TOKEN_ENV in the run's processes)}.
-    An answer cell past ``cell_timeout`` s is interrupted, a question's tests past
-    ``question_timeout`` s of processor time are cut off (that question fails); past ``timeout`` s
-    in all (default: 60 s plus twice ``question_timeout`` per question, times load_factor()) the
-    run is stopped and every question scores 0. A kernel that does not start within
-    kernel_timeout(kernel_seconds) gets one more try, twice as long.
+    Limits: an answer cell past ``cell_timeout`` s is interrupted; a question's tests past
+    ``question_timeout`` s of processor time fail; past ``timeout`` s in all (default 60 s plus
+    twice ``question_timeout`` per question, times load_factor()) every question scores 0.
     """
     name, nb = _resolve_submission(submission, chapter, source_dir)
     autograder = find_autograder(name, dist_dir)
@@ -435,15 +449,9 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
     try:
         nb.setdefault("metadata", {}).setdefault("otter", {})["assignment_name"] = name
         start = time.monotonic()
-        for attempt in (1, 2):  # a kernel that did not start in time gets one more try
-            work = root / f"try{attempt}"
-            work.mkdir()
-            proc, timed_out = _run_otter(autograder, nb, Path(submission).name, work, token,
-                                         timeout, (cell_timeout, question_timeout, startup * attempt))
-            log = (work / "otter.log").read_text(errors="replace")
-            if timed_out or proc.returncode == 0 or not KERNEL_NOT_STARTED.search(log):
-                break
-            _stop(proc, token)  # a kernel that started too late may still be running
+        proc, timed_out, work, log = _run_otter_patiently(
+            autograder, nb, Path(submission).name, root, token, timeout,
+            (cell_timeout, question_timeout, startup))
         seconds = time.monotonic() - start
         notices = _answer_cell_notices(work / "executed.ipynb", cell_timeout)
         if not timed_out:
