@@ -460,10 +460,8 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
                 raise GradingError(_kernel_did_not_start(
                     f"otter run on submission={str(submission)!r}", log, startup))
             if proc.returncode != 0 or not results_path.is_file():
-                raise GradingError(
-                    f"otter run failed on submission={str(submission)!r} "
-                    f"(exit {proc.returncode}):\n" + log[-3000:]
-                )
+                raise GradingError(f"otter run failed on submission={str(submission)!r} "
+                                   f"(exit {proc.returncode}):\n" + log[-3000:])
             for test in json.loads(results_path.read_text())["tests"]:
                 if test["name"] in scores:
                     scores[test["name"]] = float(test["score"])
