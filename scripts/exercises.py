@@ -376,6 +376,26 @@ def _answer_cell_notices(executed_path, cell_timeout):
     return notices
 
 
+def _answers_by_question(nb):
+    """{question: [source of each answer cell before its check cell]} of a notebook."""
+    found, pending = {}, []
+    for cell in nb.get("cells", []):
+        if cell["cell_type"] != "code":
+            continue
+        if ANSWER_TAG in cell.get("metadata", {}).get("tags", []):
+            pending.append(_cell_source(cell).strip())
+        question = re.search(r"\.check\(\s*[\"'](\w+)[\"']\s*\)", _cell_source(cell))
+        if question and pending:
+            found[question.group(1)], pending = pending, []
+    return found
+
+
+def unanswered_questions(nb, handed_out):
+    """The questions of `nb` whose answer cells are all still as in the notebook `handed_out`."""
+    given = _answers_by_question(handed_out)
+    return {q for q, cells in _answers_by_question(nb).items() if given.get(q) == cells}
+
+
 def _cell_source(cell):
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
@@ -417,6 +437,19 @@ def _run_otter_patiently(autograder, nb, submission_name, root, token, timeout, 
             break
         _stop(proc, token)  # a kernel that started too late may still be running
     return proc, timed_out, work, log
+
+
+def _explain(failures, nb, handed_out, notices):
+    """Say why a question failed where the cases alone mislead: an answer cell still as handed
+    out is 'not answered yet' (one line, not every case), and a NameError after a syntax error
+    points at the syntax error."""
+    if Path(handed_out).is_file():
+        for q in unanswered_questions(nb, json.loads(Path(handed_out).read_text())) & set(failures):
+            failures[q] = ["not answered yet (its answer cell is as handed out)"]
+    for q, said in notices.items():  # a name the tests miss because the cell never ran
+        if q in failures and any("syntax error" in n for n in said):
+            failures[q] = [why + " (its answer cell has a syntax error: see the note)"
+                           if "NameError" in why else why for why in failures[q]]
 
 
 def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0, chapter=None,
@@ -466,10 +499,7 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
                 if test["name"] in scores:
                     scores[test["name"]] = float(test["score"])
                     failures[test["name"]] = _failures(test.get("output"), cases[test["name"]])
-            for q, said in notices.items():  # a name the tests miss because the cell never ran
-                if q in failures and any("syntax error" in n for n in said):
-                    failures[q] = [why + " (its answer cell has a syntax error: see the note)"
-                                   if "NameError" in why else why for why in failures[q]]
+            _explain(failures, nb, Path(dist_dir) / name / "student" / f"{name}.ipynb", notices)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {

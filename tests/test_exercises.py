@@ -158,6 +158,9 @@ def test_untouched_student_notebook_scores_zero(built, chapter):
     assert not result["timed_out"]
     assert result["max_total"] > 0 and set(result["scores"]) == set(result["max_scores"])
     assert result["scores"] == {q: 0.0 for q in result["max_scores"]}
+    # one line per question, not a failure per test case
+    assert result["failures"] == {q: ["not answered yet (its answer cell is as handed out)"]
+                                  for q in result["max_scores"]}, result["failures"]
 
 
 @pytest.mark.parametrize("chapter", BY_CHAPTER)
