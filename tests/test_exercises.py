@@ -296,14 +296,15 @@ def test_endless_loop_is_cut_off_and_scores_zero(built, chapter, tmp_path):
     """An endless loop in the grading cell (no limit per cell here: 60 s > the run's limit) is
     stopped at the run's limit, kernel and all. The loop first writes a file, so the test knows
     the kernel reached it; on a machine too busy to start the kernel within the limit it tries
-    once more with a limit three times as long (a slow start proves nothing about the loop)."""
+    again with a limit three times as long, twice at most (a slow start proves nothing about the
+    loop)."""
     nb = json.loads((built["student"] / f"{chapter}.ipynb").read_text())
     answer = next(c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", []))
     marker = tmp_path / "the loop started"
     answer["source"] = f"open({str(marker)!r}, 'w').close()\nwhile True:\n    pass\n"
     submission = tmp_path / "loop.ipynb"
     submission.write_text(json.dumps(nb))
-    for limit in (8, 24):
+    for limit in (8, 24, 72):
         start = time.monotonic()
         result = ex.grade(submission, timeout=limit, cell_timeout=60, dist_dir=built["dist"])
         elapsed = time.monotonic() - start
@@ -972,7 +973,7 @@ def test_a_kernel_too_slow_to_start_is_retried_and_named(built, chapter, tmp_pat
     assert "did not start within 1 s, twice (the second time with 2 s)" in said, said
     assert "busy" in said and "--kernel-timeout" in said and ex.KERNEL_TIMEOUT_ENV in said, said
     assert len(said.splitlines()) <= 8, said
-    assert time.monotonic() - start < 120
+    assert time.monotonic() - start < 240, "the retry waited for the kernel that never answers"
 
 
 def test_kernel_timeout_scales_with_load_and_takes_the_knob(monkeypatch):
