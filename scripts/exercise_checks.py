@@ -41,8 +41,10 @@ def install_question_time_limit(seconds):
 
     run_doctest = ok_test.run_doctest
     left, current = {}, [None]  # processor seconds left to each question; the one running
+    struck = set()  # questions whose limit has struck: their later cases fail at once
 
     def on_alarm(signum, frame):
+        struck.add(current[0])
         signal.setitimer(timer, 0.05)  # keep interrupting until the case gives up
         raise TimeoutError(LIMIT_MESSAGE.format(q=current[0], s=seconds))
 
@@ -50,7 +52,8 @@ def install_question_time_limit(seconds):
         question, _, case = name.rpartition(" ")
         if case == "0" or question not in left:  # a new check of this question
             left[question] = seconds
-        if left[question] <= 0:
+            struck.discard(question)
+        if left[question] <= 0 or question in struck:
             return _timeout_result(question, seconds)
         current[0] = question
         previous = signal.signal(alarm, on_alarm)
@@ -82,7 +85,8 @@ def score_variants(autograder_zip, solution_nb, variants):
 
     solution_nb: the autograder's notebook (solutions filled in). variants: [(question, code)]:
     `code` runs after every solution cell (it redefines the function it gets wrong). Returns
-    {"solution": {q: (score, possible)}, "variants": [(score, possible, [failure texts])]}.
+    {"solution": {q: (score, possible)},
+     "variants": [(score, possible, [failure texts], [index of each failed case])]}.
     """
     import zipfile
 
@@ -116,7 +120,8 @@ def score_variants(autograder_zip, solution_nb, variants):
         test = OKTestFile.from_spec(tests[question])
         test.run(env)
         failed = [r.message for r in test.test_case_results if not r.passed]
-        return test.score, test.possible, failed
+        which = [i for i, r in enumerate(test.test_case_results) if not r.passed]
+        return test.score, test.possible, failed, which
 
     solution = {q: run(q, None)[:2] for q in tests}
     return {"solution": solution, "variants": [run(q, code) for q, code in variants]}

@@ -8,6 +8,7 @@
         is a notebook name such as 01_memory_wall, or its number (1 or 01).
 
     python scripts/exercises.py grade SUBMISSION.ipynb [--cell-timeout 10] [--question-timeout 10]
+                                                       [--kernel-timeout SECONDS]
         grade a filled-in notebook with `otter run` against its chapter's autograder (built first
         if missing or older than its source); print each question's score and the total, for every
         failed test case which one failed and the error it raised, and for every answer cell that
@@ -18,13 +19,20 @@
         in all (default 60 plus twice --question-timeout per question) is stopped, kernel and
         all, and scores zero. The
         chapter comes from the notebook's metadata; --chapter overrides it.
+
+    A busy machine is slow, not broken: a Jupyter kernel gets --kernel-timeout seconds to start
+    (or EXERCISES_KERNEL_TIMEOUT; default 60, scaled up by the load average per core), and one that
+    does not start in time is tried once more with twice as long before the run fails with a
+    message that says so. The default --timeout is scaled the same way.
 """
 
 import argparse
+import ast
 import hashlib
 import importlib.util
 import re
 import json
+import math
 import os
 import shutil
 import signal
@@ -44,6 +52,8 @@ STUDENT_DIR = ROOT / "exercises" / "student"
 # and stop all of them, including the kernel, which jupyter starts in a session of its own.
 TOKEN_ENV = "EXERCISES_GRADE_TOKEN"
 ANSWER_TAG = "otter_answer_cell"  # otter assign tags each cell a student writes in
+KERNEL_TIMEOUT_ENV = "EXERCISES_KERNEL_TIMEOUT"  # seconds a Jupyter kernel gets to start
+KERNEL_NOT_STARTED = re.compile(r"Kernel didn't respond in [\d.]+ seconds|Kernel died before replying")
 
 
 class ExerciseError(Exception):
@@ -52,6 +62,47 @@ class ExerciseError(Exception):
 
 class GradingError(ExerciseError):
     """otter assign or otter run failed for a reason other than a timeout (exit status 1)."""
+
+
+def load_factor():
+    """How much slower than idle this machine runs now: the load average per core, 1 to 4."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):  # Windows has no load average
+        return 1.0
+    return min(max(load, 1.0), 4.0)
+
+
+def kernel_timeout(seconds=None):
+    """Whole seconds a kernel gets to start: `seconds`, else $EXERCISES_KERNEL_TIMEOUT, else 60
+    scaled by load_factor(); rounded up."""
+    if seconds is None and os.environ.get(KERNEL_TIMEOUT_ENV):
+        try:
+            seconds = float(os.environ[KERNEL_TIMEOUT_ENV])
+        except ValueError:
+            raise ExerciseError(f"{KERNEL_TIMEOUT_ENV}={os.environ[KERNEL_TIMEOUT_ENV]!r} "
+                                "must be a number of seconds")
+    if seconds is None:
+        seconds = 60.0 * load_factor()
+    if seconds <= 0:
+        raise ExerciseError(f"kernel timeout={seconds:g} must be a positive number of seconds")
+    return max(1, math.ceil(seconds))  # nbclient counts whole seconds
+
+
+def _kernel_did_not_start(what, log, seconds):
+    """The message for a kernel that did not start in time, twice: a busy machine, and the knob."""
+    return (f"{what}: the Jupyter kernel did not start within {seconds:g} s, twice (the second "
+            f"time with {2 * seconds:g} s). The machine is probably busy (load average "
+            f"{_load_text()}); that is not a bug in the notebook. Try again, or give the kernel "
+            f"longer: --kernel-timeout SECONDS or {KERNEL_TIMEOUT_ENV}=SECONDS.\n"
+            f"Last lines of the log:\n" + "\n".join(log.strip().splitlines()[-3:]))
+
+
+def _load_text():
+    try:
+        return f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    except (AttributeError, OSError):
+        return "unknown"
 
 
 def available_chapters(source_dir=SOURCE_DIR):
@@ -83,24 +134,36 @@ def _stable_cell_ids(nb):
     return nb
 
 
-def build(chapter, *, source_dir=SOURCE_DIR, dist_dir=DIST_DIR, student_dir=STUDENT_DIR):
+def build(chapter, *, source_dir=SOURCE_DIR, dist_dir=DIST_DIR, student_dir=STUDENT_DIR,
+          run_tests=True, kernel_seconds=None):
     """Run otter assign for one chapter; return the path of its autograder zip.
 
     Writes dist_dir/<name>/{autograder,student}/ and, unless student_dir is None, copies the
-    student notebook (stable cell ids) to student_dir/<name>.ipynb.
+    student notebook (stable cell ids) to student_dir/<name>.ipynb. run_tests=False skips otter's
+    grading of the solutions (a kernel), for callers that grade them themselves.
     """
     name = resolve_chapter(chapter, source_dir)
     source = available_chapters(source_dir)[name]
     out = Path(dist_dir).resolve() / name
-    shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "otter", "assign", str(source.resolve()), str(out)],
-        capture_output=True, text=True,
-    )
+    seconds = kernel_timeout(kernel_seconds)
+    for attempt in (1, 2):  # a kernel that did not start in time gets one more try, twice as long
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "_otter-assign", str(seconds * attempt),
+             str(source.resolve()), str(out), *([] if run_tests else ["--no-run-tests"])],
+            capture_output=True, text=True,
+        )
+        log = proc.stdout + proc.stderr
+        if proc.returncode == 0 or not KERNEL_NOT_STARTED.search(log):
+            break
     if proc.returncode != 0:
-        log = (proc.stdout + proc.stderr)[-6000:]
-        raise GradingError(f"otter assign failed for {source} (do the solutions pass?):\n{log}")
+        if KERNEL_NOT_STARTED.search(log):
+            raise GradingError(_kernel_did_not_start(f"otter assign for {source}", log, seconds))
+        if "autograder tests failed" in log:
+            failed = log[log.index("Some autograder tests failed"):][-3000:]
+            raise GradingError(f"otter assign failed for {source}: the solutions do not pass:\n{failed}")
+        raise GradingError(f"otter assign failed for {source}:\n{log[-3000:]}")
     if student_dir is not None:
         nb = json.loads((out / "student" / f"{name}.ipynb").read_text())
         Path(student_dir).mkdir(parents=True, exist_ok=True)
@@ -150,20 +213,36 @@ def _tests_in(autograder_zip):
     return tests
 
 
-def question_points(autograder_zip):
-    """{question: points} read from the test files inside an autograder zip (OK format)."""
-    points = {}
+def case_rule(case):
+    """The rule a test case checks: the string its code binds to `hidden_rule`, or None."""
+    found = re.search(r"^>>> hidden_rule = (.+)$", case.get("code", ""), re.M)
+    return ast.literal_eval(found.group(1)) if found else None
+
+
+def question_cases(autograder_zip):
+    """{question: [{'hidden', 'points', 'rule'} per test case, in order]} of an autograder zip."""
+    questions = {}
     for test in _tests_in(autograder_zip):
         cases = test["suites"][0]["cases"]
-        points[test["name"]] = test["points"] if test["points"] is not None else len(cases)
-    return points
+        even = (test["points"] if test["points"] is not None else len(cases)) / len(cases)
+        questions[test["name"]] = [
+            {"hidden": bool(c.get("hidden")), "rule": case_rule(c),
+             "points": c["points"] if c.get("points") is not None else even} for c in cases
+        ]
+    return questions
 
 
-def _failures(output, hidden):
-    """'public|hidden test N: <first line of the failed example> -> <error>' per failed case.
+def question_points(autograder_zip):
+    """{question: points} read from the test files inside an autograder zip (OK format)."""
+    return {q: round(sum(c["points"] for c in cases), 6)
+            for q, cases in question_cases(autograder_zip).items()}
 
-    ``output`` is otter's report for one question; ``hidden`` lists its cases' hidden flags.
-    The code of a hidden case is not shown, only the error it raised.
+
+def _failures(output, cases):
+    """'public|hidden test N [rule]: <first line of the failed example> -> <error>' per failed case.
+
+    ``output`` is otter's report for one question; ``cases`` its question_cases() entries. The
+    code of a hidden case is not shown: its rule and the error it raised (expected and got) are.
     """
     blocks = re.split(r"^\s*\S+ - (\d+) result:\s*$", output or "", flags=re.M)
     failed = []
@@ -171,14 +250,16 @@ def _failures(output, hidden):
         if "Test case failed" not in body:
             continue
         n = int(number)
-        kind = "hidden" if n - 1 < len(hidden) and hidden[n - 1] else "public"
+        case = cases[n - 1] if n - 1 < len(cases) else {"hidden": False, "rule": None}
+        kind = "hidden" if case["hidden"] else "public"
         first = (body.split("Failed example:", 1) + [""])[1]  # the first failed line, to its error
         first = first.split("Failed example:", 1)[0]
         example = first.strip().splitlines()[0].strip() if first.strip() else ""
         errors = re.findall(r"^\s*((?:[\w.]+(?:Error|Exception|Interrupt|Exit))\b.*)$", first, re.M)
         why = errors[-1].strip() if errors else "the output differs from the expected one"
         shown = f"{example[:70]} -> " if example and kind == "public" else ""
-        failed.append(f"{kind} test {n}: {shown}{why}")
+        rule = f" [{case['rule']}]" if case["rule"] else ""
+        failed.append(f"{kind} test {n}{rule}: {shown}{why}")
     return failed
 
 
@@ -295,6 +376,26 @@ def _answer_cell_notices(executed_path, cell_timeout):
     return notices
 
 
+def _answers_by_question(nb):
+    """{question: [source of each answer cell before its check cell]} of a notebook."""
+    found, pending = {}, []
+    for cell in nb.get("cells", []):
+        if cell["cell_type"] != "code":
+            continue
+        if ANSWER_TAG in cell.get("metadata", {}).get("tags", []):
+            pending.append(_cell_source(cell).strip())
+        question = re.search(r"\.check\(\s*[\"'](\w+)[\"']\s*\)", _cell_source(cell))
+        if question and pending:
+            found[question.group(1)], pending = pending, []
+    return found
+
+
+def unanswered_questions(nb, handed_out):
+    """The questions of `nb` whose answer cells are all still as in the notebook `handed_out`."""
+    given = _answers_by_question(handed_out)
+    return {q for q, cells in _answers_by_question(nb).items() if given.get(q) == cells}
+
+
 def _cell_source(cell):
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
@@ -322,57 +423,85 @@ def _run_otter(autograder, nb, submission_name, work, token, timeout, limits):
             return proc, True
 
 
+def _run_otter_patiently(autograder, nb, submission_name, root, token, timeout, limits):
+    """_run_otter in root/try1; if its kernel did not start in time, once more in root/try2
+    with twice the start-up limit. Returns (process, timed_out, work folder, otter's log)."""
+    cell_timeout, question_timeout, startup = limits
+    for attempt in (1, 2):
+        work = root / f"try{attempt}"
+        work.mkdir()
+        proc, timed_out = _run_otter(autograder, nb, submission_name, work, token, timeout,
+                                     (cell_timeout, question_timeout, startup * attempt))
+        log = (work / "otter.log").read_text(errors="replace")
+        if timed_out or proc.returncode == 0 or not KERNEL_NOT_STARTED.search(log):
+            break
+        _stop(proc, token)  # a kernel that started too late may still be running
+    return proc, timed_out, work, log
+
+
+def _explain(failures, nb, handed_out, notices):
+    """Say why a question failed where the cases alone mislead: an answer cell still as handed
+    out is 'not answered yet' (one line, not every case), and a NameError after a syntax error
+    points at the syntax error."""
+    if Path(handed_out).is_file():
+        for q in unanswered_questions(nb, json.loads(Path(handed_out).read_text())) & set(failures):
+            failures[q] = ["not answered yet (its answer cell is as handed out)"]
+    for q, said in notices.items():  # a name the tests miss because the cell never ran
+        if q in failures and any("syntax error" in n for n in said):
+            failures[q] = [why + " (its answer cell has a syntax error: see the note)"
+                           if "NameError" in why else why for why in failures[q]]
+
+
 def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0, chapter=None,
-          source_dir=SOURCE_DIR, dist_dir=DIST_DIR):
+          source_dir=SOURCE_DIR, dist_dir=DIST_DIR, kernel_seconds=None):
     """Grade one notebook with otter run in a subprocess; return a results dict.
 
     {'chapter', 'scores': {q: score}, 'max_scores': {q: points}, 'failures': {q: [why, ...]},
      'notices': {q: [an answer cell that raised or was interrupted]}, 'total', 'max_total',
      'timed_out', 'timeout', 'seconds', 'run_id' (the value of TOKEN_ENV in the run's processes)}.
-    An answer cell past ``cell_timeout`` s is interrupted, a question's tests past
-    ``question_timeout`` s of processor time are cut off (that question fails); past ``timeout`` s
-    in all (default: 60 s plus twice ``question_timeout`` per question) the run is stopped and
-    every question scores 0.
+    Limits: an answer cell past ``cell_timeout`` s is interrupted; a question's tests past
+    ``question_timeout`` s of processor time fail; past ``timeout`` s in all (default 60 s plus
+    twice ``question_timeout`` per question, times load_factor()) every question scores 0.
     """
     name, nb = _resolve_submission(submission, chapter, source_dir)
     autograder = find_autograder(name, dist_dir)
     source_mtime = available_chapters(source_dir)[name].stat().st_mtime
     if autograder is None or autograder.stat().st_mtime < source_mtime:  # missing or stale
-        autograder = build(name, source_dir=source_dir, dist_dir=dist_dir, student_dir=None)
+        autograder = build(name, source_dir=source_dir, dist_dir=dist_dir, student_dir=None,
+                           kernel_seconds=kernel_seconds)
     max_scores = question_points(autograder)
-    hidden = {t["name"]: [bool(c.get("hidden")) for c in t["suites"][0]["cases"]]
-              for t in _tests_in(autograder)}
-    if timeout is None:
-        timeout = 60.0 + 2 * question_timeout * len(max_scores)  # room for a loop in each
+    cases = question_cases(autograder)
+    if timeout is None:  # room for a loop in each question, and for a busy machine
+        timeout = (60.0 + 2 * question_timeout * len(max_scores)) * load_factor()
 
     token = uuid.uuid4().hex
-    work = Path(tempfile.mkdtemp(prefix="exercises-grade-"))
+    root = Path(tempfile.mkdtemp(prefix="exercises-grade-"))
     scores = {q: 0.0 for q in max_scores}
     failures = {q: [] for q in max_scores}
+    startup = kernel_timeout(kernel_seconds)
     try:
         nb.setdefault("metadata", {}).setdefault("otter", {})["assignment_name"] = name
         start = time.monotonic()
-        proc, timed_out = _run_otter(autograder, nb, Path(submission).name, work, token, timeout,
-                                     (cell_timeout, question_timeout))
+        proc, timed_out, work, log = _run_otter_patiently(
+            autograder, nb, Path(submission).name, root, token, timeout,
+            (cell_timeout, question_timeout, startup))
         seconds = time.monotonic() - start
         notices = _answer_cell_notices(work / "executed.ipynb", cell_timeout)
         if not timed_out:
             results_path = work / "results.json"
+            if proc.returncode != 0 and KERNEL_NOT_STARTED.search(log):
+                raise GradingError(_kernel_did_not_start(
+                    f"otter run on submission={str(submission)!r}", log, startup))
             if proc.returncode != 0 or not results_path.is_file():
-                raise GradingError(
-                    f"otter run failed on submission={str(submission)!r} "
-                    f"(exit {proc.returncode}):\n" + (work / "otter.log").read_text()[-3000:]
-                )
+                raise GradingError(f"otter run failed on submission={str(submission)!r} "
+                                   f"(exit {proc.returncode}):\n" + log[-3000:])
             for test in json.loads(results_path.read_text())["tests"]:
                 if test["name"] in scores:
                     scores[test["name"]] = float(test["score"])
-                    failures[test["name"]] = _failures(test.get("output"), hidden[test["name"]])
-            for q, said in notices.items():  # a name the tests miss because the cell never ran
-                if q in failures and any("syntax error" in n for n in said):
-                    failures[q] = [why + " (its answer cell has a syntax error: see the note)"
-                                   if "NameError" in why else why for why in failures[q]]
+                    failures[test["name"]] = _failures(test.get("output"), cases[test["name"]])
+            _explain(failures, nb, Path(dist_dir) / name / "student" / f"{name}.ipynb", notices)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
     return {
         "chapter": name, "scores": scores, "max_scores": max_scores, "failures": failures,
         "notices": {q: notices.get(q, []) for q in max_scores},
@@ -385,7 +514,8 @@ def _print_results(submission, r):
     print(f"Grading {submission} against {r['chapter']} (timeout {r['timeout']:g} s)")
     if r["timed_out"]:
         print(f"TIMED OUT after {r['timeout']:g} s: the notebook did not finish (an infinite "
-              "loop?); every question scores 0.")
+              "loop, or a machine too busy to finish in time: --timeout SECONDS allows longer); "
+              "every question scores 0.")
     for q, max_score in r["max_scores"].items():
         print(f"  {q:<8} {r['scores'][q]:6.2f} / {max_score:g}")
         for notice in r["notices"][q]:
@@ -397,25 +527,52 @@ def _print_results(submission, r):
 
 # The grading kernel's first cell after otter's own: each question's tests get a time limit.
 LIMIT_CELL = """\
+import sys as _exercise_sys
+if {root!r} not in _exercise_sys.path:  # the hidden tests may use labkit (a CommCounter, say)
+    _exercise_sys.path.append({root!r})
 import importlib.util as _exercise_util
 _exercise_spec = _exercise_util.spec_from_file_location("exercise_checks", {path!r})
 _exercise_checks = _exercise_util.module_from_spec(_exercise_spec)
 _exercise_spec.loader.exec_module(_exercise_checks)
 _exercise_checks.install_question_time_limit({seconds!r})
-del _exercise_util, _exercise_spec, _exercise_checks
+del _exercise_util, _exercise_spec, _exercise_checks, _exercise_sys
 """
 
 
-def _otter_run(cell_timeout, question_timeout, executed_path, otter_args):
+def _kernel_startup(seconds):
+    """Give every kernel nbconvert starts in this process `seconds` to start."""
+    from nbconvert.preprocessors import ExecutePreprocessor
+
+    init = ExecutePreprocessor.__init__
+
+    def patient_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.startup_timeout = int(seconds)
+
+    ExecutePreprocessor.__init__ = patient_init
+
+
+def _otter_assign(startup, otter_args):
+    """`otter assign` whose solution check (a kernel) gets `startup` seconds to start."""
+    from otter.cli import cli
+
+    _kernel_startup(startup)
+    cli(["assign", *otter_args], standalone_mode=False)
+    return 0
+
+
+def _otter_run(cell_timeout, question_timeout, startup, executed_path, otter_args):
     """`otter run` with time limits: an answer cell past cell_timeout is interrupted
     (KeyboardInterrupt, an error in that cell) and a question's tests past question_timeout
-    fail; the run goes on. The executed notebook is written to executed_path."""
+    fail; the run goes on; the kernel gets `startup` s to start. The executed notebook is
+    written to executed_path."""
     import nbformat
     from nbconvert.preprocessors import ExecutePreprocessor
     from otter.cli import cli
     from otter.execute.preprocessor import GradingPreprocessor
     from otter.run.run_autograder.runners import python_runner
 
+    _kernel_startup(startup)
     init = ExecutePreprocessor.__init__
 
     def limited_init(self, *args, **kwargs):
@@ -429,7 +586,7 @@ def _otter_run(cell_timeout, question_timeout, executed_path, otter_args):
     def add_cells_and_limit(self, nb):
         add_cells(self, nb)  # otter's set-up cell first, its export cell last
         source = LIMIT_CELL.format(path=str(Path(__file__).with_name("exercise_checks.py")),
-                                   seconds=question_timeout)
+                                   seconds=question_timeout, root=str(ROOT))
         nb.cells.insert(1, nbformat.v4.new_code_cell(source))
 
     grade_notebook = python_runner.grade_notebook
@@ -449,7 +606,9 @@ def _otter_run(cell_timeout, question_timeout, executed_path, otter_args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_otter-run"]:  # internal: what grade() runs in its subprocess
-        return _otter_run(float(argv[1]), float(argv[2]), argv[3], argv[4:])
+        return _otter_run(float(argv[1]), float(argv[2]), int(argv[3]), argv[4], argv[5:])
+    if argv[:1] == ["_otter-assign"]:  # internal: what build() runs in its subprocess
+        return _otter_assign(int(argv[1]), argv[2:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -459,13 +618,18 @@ def main(argv=None):
     p_grade = sub.add_parser("grade", help="grade a submitted notebook locally with otter run")
     p_grade.add_argument("submission", metavar="SUBMISSION.ipynb")
     p_grade.add_argument("--timeout", type=float, default=None,
-                         help="seconds for the whole run (default 60 + 20 per question)")
+                         help="seconds for the whole run (default 60 + 20 per question, times "
+                              "the load average per core when above 1)")
     p_grade.add_argument("--cell-timeout", type=float, default=10.0,
                          help="seconds for one answer cell (default 10)")
     p_grade.add_argument("--question-timeout", type=float, default=10.0,
                          help="processor seconds for one question's tests (default 10)")
     p_grade.add_argument("--chapter", help="chapter to grade against (default: from the notebook)")
     for p in (p_build, p_grade):
+        p.add_argument("--kernel-timeout", type=float, default=None,
+                       help=f"seconds a Jupyter kernel gets to start (default: ${KERNEL_TIMEOUT_ENV}, "
+                            "else 60 times the load average per core, at least 1); one that does not "
+                            "start in time gets a second try, twice as long")
         p.add_argument("--source-dir", type=Path, default=SOURCE_DIR, help=argparse.SUPPRESS)
         p.add_argument("--dist-dir", type=Path, default=DIST_DIR, help=argparse.SUPPRESS)
     p_build.add_argument("--student-dir", type=Path, default=STUDENT_DIR, help=argparse.SUPPRESS)
@@ -475,16 +639,18 @@ def main(argv=None):
             names = [resolve_chapter(c, args.source_dir) for c in args.chapters]
             for name in names or list(available_chapters(args.source_dir)):
                 zip_path = build(name, source_dir=args.source_dir, dist_dir=args.dist_dir,
-                                 student_dir=args.student_dir)
+                                 student_dir=args.student_dir, kernel_seconds=args.kernel_timeout)
                 print(f"built {name}: {zip_path}; student notebook in {args.student_dir}")
         else:
             for flag, value in (("--timeout", args.timeout), ("--cell-timeout", args.cell_timeout),
-                                ("--question-timeout", args.question_timeout)):
+                                ("--question-timeout", args.question_timeout),
+                                ("--kernel-timeout", args.kernel_timeout)):
                 if value is not None and value <= 0:
                     raise ExerciseError(f"{flag}={value:g} must be a positive number of seconds")
             r = grade(args.submission, timeout=args.timeout, cell_timeout=args.cell_timeout,
                       question_timeout=args.question_timeout, chapter=args.chapter,
-                      source_dir=args.source_dir, dist_dir=args.dist_dir)
+                      source_dir=args.source_dir, dist_dir=args.dist_dir,
+                      kernel_seconds=args.kernel_timeout)
             _print_results(args.submission, r)
     except ExerciseError as e:
         print(f"error: {e}", file=sys.stderr)
