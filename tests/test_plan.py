@@ -76,8 +76,19 @@ def test_a_layout_that_does_not_fit_names_the_term_that_overflowed():
 
 
 def test_nothing_fits_says_why():
-    found = plan_training(PRESETS["llama-3-70b"], gpu="t4", num_gpus=1, seq_len=4096, global_batch=1)
+    found = plan_training(PRESETS["llama-3-70b"], gpu="t4", num_gpus=1, seq_len=4096, global_batch=1,
+                          precision="fp16-mixed")
     assert not found.plans and "params" in found.reason()
+
+
+def test_a_bf16_plan_on_a_gpu_without_bf16_is_refused_by_name():
+    kw = dict(num_gpus=1, seq_len=1024, global_batch=8)
+    with pytest.raises(ValueError, match="precision='bf16-mixed' computes in bf16, which t4 has no peak for"):
+        plan_training("gpt2-small", gpu="t4", **kw)  # the T4 (Turing) has fp16 tensor cores, no bf16
+    fp16 = plan_training("gpt2-small", gpu="t4", precision="fp16-mixed", **kw).plans[0]
+    for dtype, same in (("fp16", True), ("fp32", False)):  # timed at the fp16 peak, not fp32's
+        other = plan_training("gpt2-small", gpu="t4", precision="fp16-mixed", dtype=dtype, **kw).plans[0]
+        assert (fp16.step_time_s == other.step_time_s) == same
 
 
 def test_a_smaller_memory_fraction_never_adds_plans():

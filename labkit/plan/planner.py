@@ -138,6 +138,19 @@ def _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_g
                 check_choice(name, x, valid)
 
 
+def _peak_dtype(g, precision: str) -> str:
+    """The dtype whose dense peak MFU is taken against: the precision's half type; for fp32, bf16
+    (or fp16 on a GPU without bf16), as before. A bf16 precision needs a bf16 peak on ``g``."""
+    half = precision[:4]
+    if half in ("bf16", "fp16"):
+        if half not in g.peak:
+            valid = [p for p in PRECISIONS if p[:4] not in ("bf16", "fp16") or p[:4] in g.peak]
+            raise ValueError(f"precision={precision!r} computes in {half}, which {g.name} has no peak for "
+                             f"(no {half} tensor cores); valid on {g.name}: {', '.join(valid)}")
+        return half
+    return "bf16" if "bf16" in g.peak else "fp16"
+
+
 def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len: int, global_batch: int,
                   micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3), recompute=RECOMPUTE,
                   sequence_parallel=(False, True), interleave=(1, 2, 4), offload=(False,),
@@ -152,7 +165,8 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     p > 1, v p dividing n_layer and p dividing m; ``offload``: (False,), or (False, True) to weigh
     ZeRO-Offload too. ``shape``: a ``ModelShape``, a preset's name, a ``GPTConfig`` or a
     config.json dict. ``network_gbps``: GB/s per GPU between nodes, one direction (25: a 200 Gb/s
-    port per GPU). ``dtype``: the peak MFU is taken against (bf16, or fp16 on a GPU without bf16).
+    port per GPU). ``dtype``: the peak MFU is taken against (default: the precision's, bf16 or fp16;
+for fp32, bf16, or fp16 on a GPU without bf16); a bf16 precision on a GPU without bf16 is refused.
     ``nvlink_gbps``: inside a node, one direction (default half the table's total);
     ``even_stages``: p divides n_layer; ``include_infeasible``: ``plans`` keeps what does not fit
     too. The step-time model: :mod:`labkit.plan.steptime`.
@@ -178,7 +192,7 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     cps = cp_degrees(seq_len, num_gpus, context_parallel)
     shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
     ctx = dict(shape=shape, gpu=g, num_gpus=num_gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
-               peak=peak_flops(g, dtype or ("bf16" if "bf16" in g.peak else "fp16")), efficiency=efficiency,
+               peak=peak_flops(g, dtype or _peak_dtype(g, precision)), efficiency=efficiency,
                nvlink_gbps=g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps, network_gbps=network_gbps, limit=int(memory_fraction * g.memory_bytes),
                precision=precision, optimizer=optimizer,
                flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
