@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 from test_browser import LOCAL_HOSTS, ROOT, SCALE, browser, site  # noqa: F401  (fixtures)
 
-from labkit.estimate import serving_memory, training_memory
+from labkit.estimate import check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
 from labkit.plan import plan_training
 from labkit.shapes import PRESETS
@@ -98,6 +98,7 @@ INPUTS = {
         {"preset": "llama-3-8b", "n_layer": "24", "n_kv_head": "2", "gpu": "rtx-4090",
          "tp_size": "2", "context_len": "2048", "gpu_memory_utilization": "0.5"},
         {"preset": "llama-3-8b", "gpu": "a100-80gb", "tp_size": "3"},
+        {"preset": "llama-2-7b", "gpu": "a100-80gb", "tp_size": "1", "context_len": "8192"},
     ],
     "parallel": [
         {"preset": "llama-2-70b", "gpu": "a100-80gb", "dp_size": "8", "tp_size": "8",
@@ -182,6 +183,7 @@ def _estimate(kind: str, got: dict) -> dict:
         if kind == "plans":
             return _plans(shape, got)
         if kind == "kv":
+            check_context_len(shape, got["context_len"])
             est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
                                  weight_bytes=got["weight_bytes"], kv_bytes=got["kv_bytes"],
                                  gpu_memory_utilization=got["gpu_memory_utilization"])

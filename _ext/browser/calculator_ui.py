@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from browser import document, html, timer
 
-from labkit.estimate import OPTIMIZERS, PRECISIONS, serving_memory, training_memory
+from labkit.estimate import OPTIMIZERS, PRECISIONS, check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
 from labkit.memory.analytic import RECOMPUTE
 from labkit.shapes import PRESETS
@@ -235,6 +235,7 @@ class Calculator:
                                dims=dims, **kw)
 
     def serving(self, shape, got):
+        check_context_len(shape, got["context_len"])  # as plan_serving and the command line refuse it
         est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
                              weight_bytes=got["weight_bytes"], kv_bytes=got["kv_bytes"],
                              gpu_memory_utilization=got["gpu_memory_utilization"])
