@@ -244,12 +244,15 @@ def _plan_text(name: str, value) -> str | None:
     return str(value)
 
 
-def _shown(calc, want: dict, timeout: float = 30.0) -> dict:
+def _shown(calc, want: dict, timeout: float = 30.0, progress: set | None = None) -> dict:
+    """Wait until the output was computed from ``want`` (its data-inputs), then read it; into
+    ``progress``, what the page said of a sweep under way while it waited."""
     timeout *= SCALE
-    """Wait until the output was computed from ``want`` (its data-inputs), then read it."""
     out = calc.locator(".labkit-calc-output")
     deadline = time.monotonic() + timeout
     while True:
+        if progress is not None:  # a page frozen by the sweep answers only once it is done
+            progress.add(calc.locator(".labkit-calc-progress").inner_text())
         raw = out.get_attribute("data-inputs")
         state = out.get_attribute("data-state")
         if state in ("ok", "error") and raw and json.loads(raw) == want:
@@ -335,17 +338,19 @@ def test_calculator_shows_labkits_numbers(browser, site, kind):  # noqa: F811
     try:
         _ready(page)
         calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
-        fits = set()
+        fits, progress = set(), set()
         for inputs in INPUTS[kind]:
             got = _expected_inputs(_set(page, calc, inputs), kind)
             expected = _estimate(kind, got)
-            _check_shown(kind, _shown(calc, got), expected, inputs)
+            _check_shown(kind, _shown(calc, got, progress=progress), expected, inputs)
             fits.update(v for k, v in expected.items()
                         if k.endswith(("fits", "serves")) and not k.startswith("p"))
             fits.update([0] if "reason" in expected else [])
             fits.add("error" if "error" in expected else "ok")
         assert fits >= {0, 1, "error", "ok"}, f"{kind}: the inputs must include runs that fit, " \
                                                "do not fit, and are refused"
+        if kind == "plans":  # the sweep (seconds in the page) says how far it is as it runs
+            assert any(re.fullmatch(r"computing: \d+ of \d+ layouts sized", t) for t in progress), progress
     finally:
         context.close()
     outside = [u for u in requests if urlsplit(u).hostname not in LOCAL_HOSTS]

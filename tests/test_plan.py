@@ -141,3 +141,17 @@ def test_even_stages_and_include_infeasible_narrow_and_widen_the_sweep():
     assert len(every.plans) == every.considered > len(fitting.plans) == sum(pl.fits for pl in every.plans)
     assert {pl.pp_size for pl in every.plans} - {pl.pp_size for pl in even.plans} == {16}  # 40 layers
     assert all(40 % pl.pp_size == 0 for pl in even.plans)
+
+
+def test_stepwise_sweep_reports_progress_and_ends_with_the_same_plans():
+    kw = dict(gpu="a100-80gb", num_gpus=8, seq_len=2048, global_batch=16)
+    steps = list(plan_training("gpt2-medium", stepwise=True, **kw))
+    done = [d for d, _, found in steps if found is None]
+    total = steps[-1][1]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == total > 1
+    found, whole = steps[-1][2], plan_training("gpt2-medium", **kw)
+    # a step per configuration and one at the end of each layout, then the plans
+    assert len(steps) == whole.considered + total + 1 and sum(f is not None for _, _, f in steps) == 1
+    assert [p.to_dict() for p in found.plans] == [p.to_dict() for p in whole.plans]
+    with pytest.raises(ValueError, match="global_batch=0"):  # checked when asked, not at the first step
+        plan_training("gpt2-medium", stepwise=True, **{**kw, "global_batch": 0})
