@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from ..estimate import PRECISIONS
 from ..hardware import GPUS
 from ..hf_config import FAMILIES, MULTIMODAL
 from ..shapes import PRESETS, ModelShape
@@ -69,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"recomputation to try, e.g. none,full (default {','.join(RECOMPUTE)})")
     train.add_argument("--cp", "--context-parallel", dest="context_parallel", type=_ints, default=None,
                        help="context-parallel degrees to try, e.g. 1,2,4 (default: 1, and powers of two from 16384 tokens)")
-    train.add_argument("--precision", default="bf16-mixed", help="bf16-mixed (default), fp16-mixed, bf16, fp32, ...")
+    train.add_argument("--precision", default="bf16-mixed",
+                       help=f"one of {', '.join(PRECISIONS)} (default bf16-mixed; a GPU without bf16, "
+                       "the T4, takes fp16-mixed or fp32)")
     train.add_argument("--offload", action="store_true", help="weigh ZeRO-Offload too (states on the CPU)")
     train.add_argument("--efficiency", type=float, default=0.5,
                        help="share of the dense peak compute reaches (default 0.5)")
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="GPUs serving the model: tensor-parallel groups of t, the rest replicas (default 1)")
     serve.add_argument("--context-len", type=int,
                        help="tokens of one request, prompt and output (at most the model's)")
-    serve.add_argument("--weight-bytes", type=int, default=2, help="bytes a weight (default 2: bf16)")
+    serve.add_argument("--weight-bytes", type=int, default=2, help="bytes a weight (default 2: bf16 or fp16)")
     serve.add_argument("--kv-bytes", type=int, default=2, help="bytes a cached key or value element (default 2)")
     serve.add_argument("--block-size", type=int, default=16, help="tokens a KV block (default 16, vLLM's)")
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9,
