@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 from test_browser import LOCAL_HOSTS, ROOT, SCALE, browser, site  # noqa: F401  (fixtures)
 
-from labkit.estimate import serving_memory, training_memory
+from labkit.estimate import check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
 from labkit.plan import plan_training
 from labkit.shapes import PRESETS
@@ -98,6 +98,7 @@ INPUTS = {
         {"preset": "llama-3-8b", "n_layer": "24", "n_kv_head": "2", "gpu": "rtx-4090",
          "tp_size": "2", "context_len": "2048", "gpu_memory_utilization": "0.5"},
         {"preset": "llama-3-8b", "gpu": "a100-80gb", "tp_size": "3"},
+        {"preset": "llama-2-7b", "gpu": "a100-80gb", "tp_size": "1", "context_len": "8192"},
     ],
     "parallel": [
         {"preset": "llama-2-70b", "gpu": "a100-80gb", "dp_size": "8", "tp_size": "8",
@@ -182,6 +183,7 @@ def _estimate(kind: str, got: dict) -> dict:
         if kind == "plans":
             return _plans(shape, got)
         if kind == "kv":
+            check_context_len(shape, got["context_len"])
             est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
                                  weight_bytes=got["weight_bytes"], kv_bytes=got["kv_bytes"],
                                  gpu_memory_utilization=got["gpu_memory_utilization"])
@@ -242,12 +244,15 @@ def _plan_text(name: str, value) -> str | None:
     return str(value)
 
 
-def _shown(calc, want: dict, timeout: float = 30.0) -> dict:
+def _shown(calc, want: dict, timeout: float = 30.0, progress: set | None = None) -> dict:
+    """Wait until the output was computed from ``want`` (its data-inputs), then read it; into
+    ``progress``, what the page said of a sweep under way while it waited."""
     timeout *= SCALE
-    """Wait until the output was computed from ``want`` (its data-inputs), then read it."""
     out = calc.locator(".labkit-calc-output")
     deadline = time.monotonic() + timeout
     while True:
+        if progress is not None:  # a page frozen by the sweep answers only once it is done
+            progress.add(calc.locator(".labkit-calc-progress").inner_text())
         raw = out.get_attribute("data-inputs")
         state = out.get_attribute("data-state")
         if state in ("ok", "error") and raw and json.loads(raw) == want:
@@ -333,17 +338,19 @@ def test_calculator_shows_labkits_numbers(browser, site, kind):  # noqa: F811
     try:
         _ready(page)
         calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
-        fits = set()
+        fits, progress = set(), set()
         for inputs in INPUTS[kind]:
             got = _expected_inputs(_set(page, calc, inputs), kind)
             expected = _estimate(kind, got)
-            _check_shown(kind, _shown(calc, got), expected, inputs)
+            _check_shown(kind, _shown(calc, got, progress=progress), expected, inputs)
             fits.update(v for k, v in expected.items()
                         if k.endswith(("fits", "serves")) and not k.startswith("p"))
             fits.update([0] if "reason" in expected else [])
             fits.add("error" if "error" in expected else "ok")
         assert fits >= {0, 1, "error", "ok"}, f"{kind}: the inputs must include runs that fit, " \
                                                "do not fit, and are refused"
+        if kind == "plans":  # the sweep (seconds in the page) says how far it is as it runs
+            assert any(re.fullmatch(r"computing: \d+ of \d+ layouts sized", t) for t in progress), progress
     finally:
         context.close()
     outside = [u for u in requests if urlsplit(u).hostname not in LOCAL_HOSTS]

@@ -76,8 +76,19 @@ def test_a_layout_that_does_not_fit_names_the_term_that_overflowed():
 
 
 def test_nothing_fits_says_why():
-    found = plan_training(PRESETS["llama-3-70b"], gpu="t4", num_gpus=1, seq_len=4096, global_batch=1)
+    found = plan_training(PRESETS["llama-3-70b"], gpu="t4", num_gpus=1, seq_len=4096, global_batch=1,
+                          precision="fp16-mixed")
     assert not found.plans and "params" in found.reason()
+
+
+def test_a_bf16_plan_on_a_gpu_without_bf16_is_refused_by_name():
+    kw = dict(num_gpus=1, seq_len=1024, global_batch=8)
+    with pytest.raises(ValueError, match="precision='bf16-mixed' computes in bf16, which t4 has no peak for"):
+        plan_training("gpt2-small", gpu="t4", **kw)  # the T4 (Turing) has fp16 tensor cores, no bf16
+    fp16 = plan_training("gpt2-small", gpu="t4", precision="fp16-mixed", **kw).plans[0]
+    for dtype, same in (("fp16", True), ("fp32", False)):  # timed at the fp16 peak, not fp32's
+        other = plan_training("gpt2-small", gpu="t4", precision="fp16-mixed", dtype=dtype, **kw).plans[0]
+        assert (fp16.step_time_s == other.step_time_s) == same
 
 
 def test_a_smaller_memory_fraction_never_adds_plans():
@@ -130,3 +141,17 @@ def test_even_stages_and_include_infeasible_narrow_and_widen_the_sweep():
     assert len(every.plans) == every.considered > len(fitting.plans) == sum(pl.fits for pl in every.plans)
     assert {pl.pp_size for pl in every.plans} - {pl.pp_size for pl in even.plans} == {16}  # 40 layers
     assert all(40 % pl.pp_size == 0 for pl in even.plans)
+
+
+def test_stepwise_sweep_reports_progress_and_ends_with_the_same_plans():
+    kw = dict(gpu="a100-80gb", num_gpus=8, seq_len=2048, global_batch=16)
+    steps = list(plan_training("gpt2-medium", stepwise=True, **kw))
+    done = [d for d, _, found in steps if found is None]
+    total = steps[-1][1]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == total > 1
+    found, whole = steps[-1][2], plan_training("gpt2-medium", **kw)
+    # a step per configuration and one at the end of each layout, then the plans
+    assert len(steps) == whole.considered + total + 1 and sum(f is not None for _, _, f in steps) == 1
+    assert [p.to_dict() for p in found.plans] == [p.to_dict() for p in whole.plans]
+    with pytest.raises(ValueError, match="global_batch=0"):  # checked when asked, not at the first step
+        plan_training("gpt2-medium", stepwise=True, **{**kw, "global_batch": 0})

@@ -59,7 +59,8 @@ def test_serve_table_and_json(tmp_path):
 
 
 def test_nothing_fits_exits_1_with_the_reason():
-    out = _run("train", "--model", "llama-3-70b", "--gpu", "a100-80gb", "--num-gpus", "1", "--global-batch", "1")
+    out = _run("train", "--model", "llama-3-70b", "--gpu", "a100-80gb", "--num-gpus", "1", "--seq-len", "8192",
+               "--global-batch", "1")
     assert out.returncode == 1 and "nothing fits" in out.stderr and "params: " in out.stderr
 
 
@@ -67,11 +68,18 @@ def test_nothing_fits_exits_1_with_the_reason():
     (["train", "--model", "llama-9", "--gpu", "a100", "--num-gpus", "1", "--global-batch", "1"], "llama-3-8b"),
     (["serve", "--model", "llama-3-8b", "--gpu", "b300", "--context-len", "10"], "h100-sxm"),
     (["serve", "--model", "llama-3-8b", "--gpu", "a100"], "--context-len"),
-    (["train", "--model", "gpt2-small", "--gpu", "a100", "--num-gpus", "0", "--global-batch", "8"], "--num-gpus 0"),
-    (["train", "--model", "gpt2-small", "--gpu", "a100", "--num-gpus", "8", "--global-batch", "8",
+    (["train", "--model", "gpt2-small", "--gpu", "a100", "--num-gpus", "0", "--seq-len", "1024", "--global-batch",
+      "8"], "--num-gpus 0"),
+    (["train", "--model", "gpt2-small", "--gpu", "a100", "--num-gpus", "8", "--seq-len", "1024", "--global-batch", "8",
       "--recompute", "some"], "--recompute 'some'"),
     (["serve", "--config", "/nonexistent/config.json", "--gpu", "a100", "--context-len", "10"], "--config"),
     (["train", "--micro-batches", "1,x"], "--micro-batches"),
+    (["train", "--model", "llama-3-8b", "--gpu", "a100", "--num-gpus", "8", "--global-batch", "8"],
+     "--seq-len (no default: this model reads up to 8192 tokens)"),
+    (["train", "--model", "gpt2-small", "--gpu", "t4", "--num-gpus", "1", "--seq-len", "1024", "--global-batch", "8"],
+     "--precision 'bf16-mixed' computes in bf16, which t4 has no peak for"),
+    (["serve", "--model", "llama-2-7b", "--gpu", "a100", "--context-len", "8192"],
+     "--context-len 8192 must be at most the model's seq_len=4096"),
     ([], "train or serve"),
 ])
 def test_bad_usage_exits_2_naming_the_argument(args, named):
@@ -84,3 +92,39 @@ def test_help_and_lists():
     assert helped.returncode == 0 and "python -m labkit.plan serve --model llama-3-8b" in helped.stdout
     listed = _run("--list-models", "--list-gpus")
     assert listed.returncode == 0 and all(n in listed.stdout for n in ("llama-3.1-405b", "h200", "a100-80gb"))
+
+
+def test_every_flag_has_help():
+    from labkit.plan.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, p in [("", parser), *commands.items()]:
+        missing = [a.option_strings[0] for a in p._actions if a.option_strings and not a.help]
+        assert not missing, f"{name or 'python -m labkit.plan'}: flags without help: {missing}"
+
+
+def test_tables_fit_80_columns():
+    from labkit.plan.table import listing, serving_table, training_table
+
+    wide = [plan_training(PRESETS["llama-3-70b"], gpu="h100-sxm", num_gpus=64, seq_len=8192, global_batch=512),
+            plan_training(PRESETS["llama-2-7b"], gpu="a100-80gb", num_gpus=1024, seq_len=4096, global_batch=4096,
+                          micro_batches=(1,), interleave=(1,), offload=(False, True))]
+    assert any(p.offload for p in wide[1].plans[:200]) and any(p.dp_size >= 100 for p in wide[1].plans)
+    texts = [training_table(wide[0], 10), training_table(wide[1], 200),
+             serving_table(plan_serving(PRESETS["llama-3-70b"], gpu="h100-sxm", num_gpus=8, context_len=8192), 10),
+             listing(True, True)]
+    for text in texts:
+        assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "2+cpu" in texts[1]  # ZeRO-Offload, said in the zero column
+
+
+def test_list_gpus_shows_the_memory_plans_use_and_no_peak_a_gpu_lacks():
+    from labkit.hardware import GPUS
+    from labkit.plan.table import listing
+
+    rows = {line.split()[0]: line.split() for line in listing(False, True).splitlines()}
+    assert rows["t4"][4:6] == ["65", "-"]  # fp16, bf16: the T4's 65 TFLOP/s are fp16; it has no bf16
+    assert rows["a100-80gb"][1:4] == ["85.9", "80", "GB"]  # what plans use (81,920 MiB), then the vendor's
+    for name, g in GPUS.items():
+        assert float(rows[name][1]) == round(g.memory_bytes / 1e9, 1)

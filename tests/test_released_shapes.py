@@ -224,11 +224,15 @@ def test_cli_says_what_it_read_and_refuses_by_name(tmp_path, capsys):
     assert "8 KV heads, head size 128" in out and out.startswith(f"read {tmp_path}")
     assert all(len(line) <= 80 for line in out.splitlines()[1:])  # after the path given
     code, out, err = _cli(tmp_path, capsys, _config("deepseek-v3"), "train", "--gpu", "h100-sxm",
-                          "--num-gpus", "64", "--global-batch", "64")
+                          "--num-gpus", "64", "--global-batch", "64", "--seq-len", "4096")
     assert code == 2 and "experts" in err and "MLA" in err
     assert f"{preset('deepseek-v3').num_params() / 1e9:.2f}B parameters" in out
-    assert "no --seq-len: 163840 tokens" in out
     assert "multi-token-prediction" in out and "MLA (cache 576 a token a layer)" in out
+    # training has no default length: not the config's max_position_embeddings, planned unsaid
+    code, _, err = _cli(tmp_path, capsys, _config("qwen2.5-7b"), "train", "--gpu", "h100-sxm",
+                        "--num-gpus", "8", "--global-batch", "8")
+    longest = _config("qwen2.5-7b")["max_position_embeddings"]
+    assert code == 2 and f"--seq-len (no default: this model reads up to {longest} tokens)" in err
     code, out, _ = _cli(tmp_path, capsys, _config("qwen2.5-7b"), "serve", "--gpu", "a100-80gb",
                         "--context-len", "4096", "--json")
     model = json.loads(out)["model"]
@@ -250,6 +254,8 @@ def test_defaults_are_the_family_s_and_the_cli_names_them(tmp_path, capsys):
     assert ModelShape.from_hf_config(qwen).sliding_window is None
     mistral = {**_config("mistral-nemo-12b"), "sliding_window": 4096}  # Mistral applies it everywhere
     assert ModelShape.from_hf_config(mistral).sliding_window == 4096
+    code, out, _ = _cli(tmp_path, capsys, mistral, "serve", "--gpu", "a100-80gb", "--context-len", "64")
+    assert code == 0 and "  a sliding window of 4096 on every layer" in out  # the window applied, said
     gemma = _config("gemma-2-9b")  # no tie_word_embeddings: Gemma ties (its default); Llama does not
     assert preset("gemma-2-9b").tie_embeddings and not preset("llama-3.1-8b").tie_embeddings
     hand_written = {k: v for k, v in _config("llama-3.1-8b").items() if k != "model_type"}

@@ -14,9 +14,9 @@ from in ``data-inputs`` (JSON), so a test can check the page against the estimat
 import json
 from dataclasses import replace
 
-from browser import document, html, timer
+from browser import document, html, timer, window
 
-from labkit.estimate import OPTIMIZERS, PRECISIONS, serving_memory, training_memory
+from labkit.estimate import OPTIMIZERS, PRECISIONS, check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
 from labkit.memory.analytic import RECOMPUTE
 from labkit.shapes import PRESETS
@@ -60,6 +60,7 @@ KINDS = {
               "interleave"),
 }
 TOP = 5  # plans shown
+STEP_MS = 40  # the planner's sweep runs this long between the browser's turns (it stays responsive)
 PLAN_COLUMNS = (("tp_size", "t"), ("pp_size", "p"), ("v", "v"), ("dp_size", "N_d"), ("cp_size", "cp"),
                 ("zero_stage", "ZeRO"), ("recompute", "recompute"), ("sequence_parallel", "SP"),
                 ("micro_batch", "b"), ("num_microbatches", "m"), ("step_time_s", "step"),
@@ -93,6 +94,7 @@ TRANSLATIONS = {"zh_CN": {
     " configurations sized, ": " 种配置已估算，", " fit.": " 种放得下。", "Nothing fits: ": "没有配置放得下：",
     "The fastest plan's memory per GPU (limit {limit}):": "最快方案每个 GPU 的显存（上限 {limit}）：",
     "The calculator could not start: ": "计算器未能启动：",
+    "computing: {done} of {total} layouts sized": "计算中：已估算 {done}/{total} 种布局",
 }}
 LANG = (document.documentElement.lang or "en").replace("-", "_")
 
@@ -140,8 +142,11 @@ class Calculator:
             default = root.attrs.get("data-" + name.replace("_", "-"), default)
             form <= _field(self, name, label, default, choices)
         self.out = html.DIV(Class="labkit-calc-output")
+        self.progress = html.P(Class="labkit-calc-progress")  # how far a sweep is (the planner's)
+        self.run = 0  # the sweep under way; an older one stops at its next step
         root.clear()
         root <= form
+        root <= self.progress
         root <= self.out
         self.fill_shape()
         self.fields["preset"].bind("change", lambda ev: (self.fill_shape(), self.update()))
@@ -159,6 +164,7 @@ class Calculator:
             return
         if self.pending is not None:
             timer.clear_timeout(self.pending)
+        self.run += 1  # a sweep of the old inputs stops
         self.out.attrs["data-state"] = "computing"
         self.out.style.opacity = "0.5"
         self.pending = timer.set_timeout(self.compute, 400)
@@ -198,13 +204,16 @@ class Calculator:
         try:
             got = self.inputs()
             shape = replace(PRESETS[got["preset"]], **{n: got[n] for n, _ in SHAPE_FIELDS})
-            body = (self.serving(shape, got) if self.kind == "kv" else
-                    self.plans(shape, got) if self.kind == "plans" else self.training(shape, got))
+            if self.kind == "plans":
+                self.start_plans(shape, got)
+                return
+            body = self.serving(shape, got) if self.kind == "kv" else self.training(shape, got)
             self.show(body, got, "ok")
         except (ValueError, TypeError) as e:
             self.show(html.P(str(e), Class="labkit-calc-error"), got, "error")
 
     def show(self, body, got, state):
+        self.progress.text = ""
         self.out.style.opacity = "1"
         self.out.clear()
         self.out <= body
@@ -235,6 +244,7 @@ class Calculator:
                                dims=dims, **kw)
 
     def serving(self, shape, got):
+        check_context_len(shape, got["context_len"])  # as plan_serving and the command line refuse it
         est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
                              weight_bytes=got["weight_bytes"], kv_bytes=got["kv_bytes"],
                              gpu_memory_utilization=got["gpu_memory_utilization"])
@@ -253,14 +263,38 @@ class Calculator:
                         + counts + html.P(_value("serves", int(conc > 0), verdict),
                                           Class="labkit-calc-verdict"))
 
-    def plans(self, shape, got):
+    def start_plans(self, shape, got):
+        """Check the inputs (a ValueError names one), then run the sweep in steps."""
         from labkit.plan import plan_training
 
-        found = plan_training(shape, gpu=got["gpu"], num_gpus=got["num_gpus"],
+        steps = plan_training(shape, gpu=got["gpu"], num_gpus=got["num_gpus"],
                               gpus_per_node=got["gpus_per_node"], seq_len=got["seq_len"],
                               global_batch=got["global_batch"],
                               micro_batches=tuple(got["micro_batches"]),
-                              interleave=tuple(got["interleave"]))
+                              interleave=tuple(got["interleave"]), stepwise=True)
+        self.run += 1
+        self.step_plans(steps, got, self.run)
+
+    def step_plans(self, steps, got, run):
+        """Size configurations for STEP_MS, say how far the sweep is, then give the browser its
+        turn; show the plans at the end. A newer run (the inputs changed) ends this one."""
+        if run != self.run:
+            return
+        try:
+            end = window.performance.now() + STEP_MS
+            for done, total, found in steps:
+                if found is not None:
+                    self.show(self.plans(found), got, "ok")
+                    return
+                if window.performance.now() > end:
+                    break
+            self.progress.text = _t("computing: {done} of {total} layouts sized", done=done, total=total)
+            timer.set_timeout(lambda: self.step_plans(steps, got, run), 0)
+        except (ValueError, TypeError) as e:
+            self.show(html.P(str(e), Class="labkit-calc-error"), got, "error")
+
+    def plans(self, found):
+        """The sweep's result: how many sized and fit, the fastest plan's memory, the best TOP."""
         body = html.DIV()
         body <= html.P(_value("considered", found.considered, str(found.considered))
                        + _t(" configurations sized, ")

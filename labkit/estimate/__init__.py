@@ -9,10 +9,10 @@ no torch, so they run anywhere, a browser included.
 
 from ..hardware import GPU, GPUS, get_gpu
 from ..shapes import PRESETS, ModelShape
-from .serving import NON_TORCH_BYTES, PROFILE_TOKENS, ServingEstimate, serving_memory
+from .serving import NON_TORCH_BYTES, PROFILE_TOKENS, ServingEstimate, check_context_len, serving_memory
 from .training import (OPTIMIZERS, PRECISIONS, MemoryEstimate, as_shape, check_trainable, layer_activation_bytes,
                        training_memory)
 
-__all__ = ["training_memory", "MemoryEstimate", "serving_memory", "ServingEstimate", "ModelShape",
+__all__ = ["training_memory", "MemoryEstimate", "serving_memory", "check_context_len", "ServingEstimate", "ModelShape",
            "PRESETS", "GPU", "GPUS", "get_gpu", "as_shape", "layer_activation_bytes", "PRECISIONS",
            "OPTIMIZERS", "NON_TORCH_BYTES", "PROFILE_TOKENS", "check_trainable"]

@@ -20,7 +20,7 @@ from ..validate import check_choice, check_float, check_int
 from .report import breakdown
 from .training import as_shape
 
-__all__ = ["ServingEstimate", "serving_memory", "NON_TORCH_BYTES", "PROFILE_TOKENS"]
+__all__ = ["ServingEstimate", "serving_memory", "check_context_len", "NON_TORCH_BYTES", "PROFILE_TOKENS"]
 
 NON_TORCH_BYTES = 2**30  # CUDA context, NCCL and cuBLAS workspaces: assumed 1 GiB (vLLM measures it)
 PROFILE_TOKENS = 8192  # tokens of vLLM's profiling forward: its max_num_batched_tokens, assumed 8192
@@ -63,6 +63,15 @@ class ServingEstimate:
                  "non-PyTorch": self.non_torch, "KV cache": self.kv_cache}
         return breakdown(f"Serving memory per GPU on {self.gpu} (GB = 10^9 bytes)", parts, self.budget,
                          (f"{self.num_blocks} blocks of {self.block_size} tokens = {self.max_tokens} tokens",))
+
+
+def check_context_len(shape, context_len: int) -> None:
+    """Refuse a request longer than the model reads: ``context_len`` tokens in 1..``shape.seq_len``
+    (its ``max_position_embeddings``)."""
+    check_int("context_len", context_len, 1)
+    shape = as_shape(shape)
+    if context_len > shape.seq_len:
+        raise ValueError(f"context_len={context_len} must be at most the model's seq_len={shape.seq_len}")
 
 
 def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_bytes: int = 2,

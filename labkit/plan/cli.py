@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from ..estimate import PRECISIONS
 from ..hardware import GPUS
 from ..hf_config import FAMILIES, MULTIMODAL
 from ..shapes import PRESETS, ModelShape
@@ -56,28 +57,41 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(train)
     train.add_argument("--num-gpus", type=int, help="GPUs in the run")
-    train.add_argument("--gpus-per-node", type=int, default=8)
-    train.add_argument("--seq-len", type=int, help="tokens a sequence (default: the model's)")
+    train.add_argument("--gpus-per-node", type=int, default=8,
+                       help="GPUs a node, joined by NVLink: t divides it; across nodes, the network (default 8)")
+    train.add_argument("--seq-len", type=int, help="tokens a sequence (required; no default: a model's "
+                       "longest context is rarely the length it is trained at)")
     train.add_argument("--global-batch", type=int, help="sequences a step")
-    train.add_argument("--micro-batches", type=_ints, default=(1, 2, 4, 8), help="b to try, e.g. 1,2,4")
-    train.add_argument("--zero-stages", type=_ints, default=(0, 1, 2, 3), help="e.g. 0,1")
-    train.add_argument("--recompute", default=",".join(RECOMPUTE), help="e.g. none,full")
+    train.add_argument("--micro-batches", type=_ints, default=(1, 2, 4, 8),
+                       help="micro-batch sizes b to try, e.g. 1,2,4 (default 1,2,4,8)")
+    train.add_argument("--zero-stages", type=_ints, default=(0, 1, 2, 3),
+                       help="ZeRO stages to try, e.g. 0,1 (default 0,1,2,3)")
+    train.add_argument("--recompute", default=",".join(RECOMPUTE),
+                       help=f"recomputation to try, e.g. none,full (default {','.join(RECOMPUTE)})")
     train.add_argument("--cp", "--context-parallel", dest="context_parallel", type=_ints, default=None,
                        help="context-parallel degrees to try, e.g. 1,2,4 (default: 1, and powers of two from 16384 tokens)")
-    train.add_argument("--precision", default="bf16-mixed", help="bf16-mixed (default), fp16-mixed, bf16, fp32, ...")
+    train.add_argument("--precision", default="bf16-mixed",
+                       help=f"one of {', '.join(PRECISIONS)} (default bf16-mixed; a GPU without bf16, "
+                       "the T4, takes fp16-mixed or fp32)")
     train.add_argument("--offload", action="store_true", help="weigh ZeRO-Offload too (states on the CPU)")
-    train.add_argument("--efficiency", type=float, default=0.5, help="share of the dense peak compute reaches")
-    train.add_argument("--network-gbps", type=float, default=25.0, help="GB/s per GPU between nodes")
-    train.add_argument("--memory-fraction", type=float, default=0.9, help="share of the GPU's memory a plan may use")
+    train.add_argument("--efficiency", type=float, default=0.5,
+                       help="share of the dense peak compute reaches (default 0.5)")
+    train.add_argument("--network-gbps", type=float, default=25.0,
+                       help="GB/s per GPU between nodes, one direction (default 25)")
+    train.add_argument("--memory-fraction", type=float, default=0.9,
+                       help="share of the GPU's memory a plan may use (default 0.9)")
     serve = sub.add_parser("serve", help="plan a server", epilog=EXAMPLES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(serve)
-    serve.add_argument("--num-gpus", type=int, default=1)
-    serve.add_argument("--context-len", type=int, help="tokens of one request, prompt and output")
-    serve.add_argument("--weight-bytes", type=int, default=2)
-    serve.add_argument("--kv-bytes", type=int, default=2)
-    serve.add_argument("--block-size", type=int, default=16)
-    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    serve.add_argument("--num-gpus", type=int, default=1,
+                       help="GPUs serving the model: tensor-parallel groups of t, the rest replicas (default 1)")
+    serve.add_argument("--context-len", type=int,
+                       help="tokens of one request, prompt and output (at most the model's)")
+    serve.add_argument("--weight-bytes", type=int, default=2, help="bytes a weight (default 2: bf16 or fp16)")
+    serve.add_argument("--kv-bytes", type=int, default=2, help="bytes a cached key or value element (default 2)")
+    serve.add_argument("--block-size", type=int, default=16, help="tokens a KV block (default 16, vLLM's)")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="share of the GPU's memory the server may use (default 0.9, vLLM's)")
     return parser
 
 
@@ -112,7 +126,6 @@ def _assumed(args, shape, config: dict) -> list:
     if shape.n_mtp_layers:
         out.append(f"{shape.n_mtp_layers} multi-token-prediction layer(s) not counted")
     if args.command == "train":
-        out += [] if args.seq_len else [f"no --seq-len: {shape.seq_len} tokens (max_position_embeddings)"]
         out += [f"the weights stored as {shape.weight_format}, trained in --precision {args.precision}"
                 ] if shape.weight_format else []
     else:
@@ -121,8 +134,9 @@ def _assumed(args, shape, config: dict) -> list:
     return out
 
 
-def _required(args, fail, names) -> None:
-    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
+def _required(args, fail, names, hints=None) -> None:
+    """Refuse the missing flags of ``names`` by name, each with its ``hints`` entry if any."""
+    missing = [f"--{n.replace('_', '-')}{(hints or {}).get(n, '')}" for n in names if getattr(args, n) is None]
     if missing:
         fail(f"the following arguments are required: {', '.join(missing)}")
     if args.gpu is None:
@@ -132,9 +146,11 @@ def _required(args, fail, names) -> None:
 
 
 def _train(args, fail, shape):
-    _required(args, fail, ("num_gpus", "global_batch"))
+    # --seq-len has no default: the model's longest context is rarely the length a run trains at
+    _required(args, fail, ("num_gpus", "seq_len", "global_batch"),
+              {"seq_len": f" (no default: this model reads up to {shape.seq_len} tokens)"})
     return plan_training(shape, gpu=args.gpu, num_gpus=args.num_gpus, gpus_per_node=args.gpus_per_node,
-                         seq_len=args.seq_len or shape.seq_len, global_batch=args.global_batch,
+                         seq_len=args.seq_len, global_batch=args.global_batch,
                          micro_batches=args.micro_batches, zero_stages=args.zero_stages,
                          recompute=tuple(args.recompute.split(",")), efficiency=args.efficiency,
                          precision=args.precision, offload=(False, True) if args.offload else (False,),

@@ -138,13 +138,26 @@ def _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_g
                 check_choice(name, x, valid)
 
 
+def _peak_dtype(g, precision: str) -> str:
+    """The dtype whose dense peak MFU is taken against: the precision's half type; for fp32, bf16
+    (or fp16 on a GPU without bf16), as before. A bf16 precision needs a bf16 peak on ``g``."""
+    half = precision[:4]
+    if half in ("bf16", "fp16"):
+        if half not in g.peak:
+            valid = [p for p in PRECISIONS if p[:4] not in ("bf16", "fp16") or p[:4] in g.peak]
+            raise ValueError(f"precision={precision!r} computes in {half}, which {g.name} has no peak for "
+                             f"(no {half} tensor cores); valid on {g.name}: {', '.join(valid)}")
+        return half
+    return "bf16" if "bf16" in g.peak else "fp16"
+
+
 def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len: int, global_batch: int,
                   micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3), recompute=RECOMPUTE,
                   sequence_parallel=(False, True), interleave=(1, 2, 4), offload=(False,),
                   dtype: str | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
                   efficiency: float = 0.5, network_gbps: float = 25.0, nvlink_gbps: float | None = None,
                   memory_fraction: float = 0.9, even_stages: bool = False,
-                  include_infeasible: bool = False, context_parallel=None) -> TrainingPlans:
+                  include_infeasible: bool = False, context_parallel=None, stepwise: bool = False) -> TrainingPlans:
     """Every configuration of ``shape`` on ``num_gpus`` x ``gpu`` that fits, fastest first.
 
     t divides n_head, n_kv_head, d_ff and gpus_per_node; p <= n_layer; t cp p N_d = num_gpus; N_d b
@@ -152,7 +165,8 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     p > 1, v p dividing n_layer and p dividing m; ``offload``: (False,), or (False, True) to weigh
     ZeRO-Offload too. ``shape``: a ``ModelShape``, a preset's name, a ``GPTConfig`` or a
     config.json dict. ``network_gbps``: GB/s per GPU between nodes, one direction (25: a 200 Gb/s
-    port per GPU). ``dtype``: the peak MFU is taken against (bf16, or fp16 on a GPU without bf16).
+    port per GPU). ``dtype``: the peak MFU is taken against (default: the precision's, bf16 or fp16;
+for fp32, bf16, or fp16 on a GPU without bf16); a bf16 precision on a GPU without bf16 is refused.
     ``nvlink_gbps``: inside a node, one direction (default half the table's total);
     ``even_stages``: p divides n_layer; ``include_infeasible``: ``plans`` keeps what does not fit
     too. The step-time model: :mod:`labkit.plan.steptime`.
@@ -165,12 +179,17 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     it), so a cp group spans t cp consecutive ranks: its ring runs on NVLink when t cp <=
     ``gpus_per_node``, else on the network. ZeRO shards, and gradients are all-reduced, over the
     N_d cp ranks that hold the same parameters.
+
+    ``stepwise``: the inputs are checked now, and a generator is returned that sizes one
+    configuration a step, yielding ``(layouts done, layouts, None)``, then ``(n, n, TrainingPlans)``
+    (a page's calculator gives the browser its turn between steps).
     """
     g, shape = get_gpu(gpu), check_trainable(as_shape(shape))
     check_choice("precision", precision, tuple(PRECISIONS))
     check_choice("optimizer", optimizer, OPTIMIZERS)
     check_bool("even_stages", even_stages)
     check_bool("include_infeasible", include_infeasible)
+    check_bool("stepwise", stepwise)
     if nvlink_gbps is not None:
         check_positive("nvlink_gbps", nvlink_gbps)
     _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_gbps, memory_fraction,
@@ -178,15 +197,31 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     cps = cp_degrees(seq_len, num_gpus, context_parallel)
     shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
     ctx = dict(shape=shape, gpu=g, num_gpus=num_gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
-               peak=peak_flops(g, dtype or ("bf16" if "bf16" in g.peak else "fp16")), efficiency=efficiency,
+               peak=peak_flops(g, dtype or _peak_dtype(g, precision)), efficiency=efficiency,
                nvlink_gbps=g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps, network_gbps=network_gbps, limit=int(memory_fraction * g.memory_bytes),
                precision=precision, optimizer=optimizer,
                flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
-    plans, overflows, considered = [], [], 0
     grid = [(t, cp, p, dp) for cp in cps for t, p, dp in layouts(shape, num_gpus // cp, gpus_per_node, even_stages)]
-    for t, cp, p, dp in grid:
-        found = _layout_plans(ctx, t, cp, p, dp, micro_batches, interleave, zero_stages, recompute,
-                              sequence_parallel, offload)
+    steps = _sweep(ctx, grid, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload,
+                   include_infeasible)
+    if stepwise:
+        return steps
+    for _, _, found in steps:
+        pass
+    return found
+
+
+def _sweep(ctx, grid, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload,
+           include_infeasible):
+    """Size each layout of ``grid`` in turn, yielding ``(layouts done, len(grid), None)`` after each
+    configuration, then the plans."""
+    plans, overflows, considered = [], [], 0
+    for i, (t, cp, p, dp) in enumerate(grid):
+        found = []
+        for plan in _layout_plans(ctx, t, cp, p, dp, micro_batches, interleave, zero_stages, recompute,
+                                  sequence_parallel, offload):
+            found.append(plan)
+            yield i, len(grid), None
         considered += len(found)
         fitting = [pl for pl in found if pl.fits]
         plans += found if include_infeasible else fitting
@@ -194,13 +229,15 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
             leanest = min(found, key=lambda pl: pl.memory.total)
             term, so_far = overflow_term(leanest.memory, ctx["limit"])
             overflows.append(Overflow(t, p, dp, cp, term, so_far, ctx["limit"], leanest))
+        yield i + 1, len(grid), None
     plans.sort(key=lambda pl: (pl.step_time_s, pl.memory.total))
-    return TrainingPlans(plans, overflows, considered)
+    yield len(grid), len(grid), TrainingPlans(plans, overflows, considered)
 
 
 def _layout_plans(ctx, t, cp, p, dp, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload):
-    """Every configuration of one layout (t, cp, p, N_d); sequence parallelism where t cp divides s."""
-    shape, out = ctx["shape"], []
+    """Yield every configuration of one layout (t, cp, p, N_d); sequence parallelism where t cp
+    divides s."""
+    shape = ctx["shape"]
     rank_params = shape.num_params() // (t * p)
     for b, m, v, schedule in pipeline_choices(shape, p, dp, ctx["global_batch"], micro_batches, interleave):
         bubble = pipeline_bubble(p, m, schedule, v)
@@ -217,6 +254,4 @@ def _layout_plans(ctx, t, cp, p, dp, micro_batches, interleave, zero_stages, rec
                                      sequence_parallel=sp, zero_stage=z, rank_params=rank_params,
                                      peak=ctx["peak"], efficiency=ctx["efficiency"], offload=off,
                                      nvlink_gbps=ctx["nvlink_gbps"], network_gbps=ctx["network_gbps"], cp_size=cp)
-                    out.append(TrainingPlan(t, p, v, dp, cp, z, rc, sp, off, b, m, schedule, mem, step,
-                                            ctx["limit"]))
-    return out
+                    yield TrainingPlan(t, p, v, dp, cp, z, rc, sp, off, b, m, schedule, mem, step, ctx["limit"])

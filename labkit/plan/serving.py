@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..estimate import as_shape, serving_memory
+from ..estimate import as_shape, check_context_len, serving_memory
 from ..hardware import get_gpu
 from ..validate import check_float, check_int
 from .sweep import _divisors
@@ -69,8 +69,7 @@ def plan_serving(shape, *, gpu, num_gpus: int = 1, context_len: int, weight_byte
                         ("max_num_seqs", max_num_seqs)):
         check_int(name, value, 1)
     check_float("gpu_memory_utilization", gpu_memory_utilization, maximum=1.0, above=0.0)
-    if context_len > shape.seq_len:
-        raise ValueError(f"context_len={context_len} must be at most the model's seq_len={shape.seq_len}")
+    check_context_len(shape, context_len)
     plans, refused = [], []
     for t in _divisors(num_gpus):
         if shape.n_head % t or shape.kv_heads % t:

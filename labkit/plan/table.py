@@ -10,11 +10,11 @@ from ..shapes import PRESETS
 __all__ = ["table", "training_table", "serving_table", "listing", "shape_summary", "shape_lines"]
 
 
-def table(header: list, rows: list) -> str:
-    """Columns right-aligned to their widest cell."""
+def table(header: list, rows: list, sep: str = "  ") -> str:
+    """Columns right-aligned to their widest cell, ``sep`` between them."""
     cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
+    return "\n".join(sep.join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
 
 
 def _gb(n) -> str:
@@ -22,16 +22,19 @@ def _gb(n) -> str:
 
 
 def training_table(result, top: int) -> str:
-    """The best ``top`` plans: degrees, knobs, the per-GPU memory in GB, step time and MFU."""
-    header = ["t", "p", "v", "dp", "cp", "zero", "recompute", "sp", "offload", "b", "m", "params", "grads", "optim",
-              "activ", "trans", "total GB", "step s", "MFU"]
-    rows = [[p.tp_size, p.pp_size, p.v, p.dp_size, p.cp_size, p.zero_stage, p.recompute,
-             "yes" if p.sequence_parallel else "no", "yes" if p.offload else "no", p.micro_batch, p.num_microbatches,
-             *(_gb(getattr(p.memory, k)) for k in ("params", "grads", "optimizer", "activations", "transient")),
+    """The best ``top`` plans within 80 columns: degrees, knobs, the per-GPU memory in GB (model
+    states = parameters, gradients and optimizer states; ``--json`` keeps each apart), step time
+    and MFU. ``zero`` reads "2+cpu" for ZeRO-Offload."""
+    header = ["t", "p", "v", "dp", "cp", "zero", "recompute", "sp", "b", "m", "states", "activ", "trans",
+              "total GB", "step s", "MFU"]
+    rows = [[p.tp_size, p.pp_size, p.v, p.dp_size, p.cp_size, f"{p.zero_stage}+cpu" if p.offload else p.zero_stage,
+             p.recompute, "yes" if p.sequence_parallel else "no", p.micro_batch, p.num_microbatches,
+             _gb(p.memory.params + p.memory.grads + p.memory.optimizer),
+             *(_gb(getattr(p.memory, k)) for k in ("activations", "transient")),
              _gb(p.memory.total), f"{p.step_time_s:.2f}", f"{p.mfu:.1%}"] for p in result.plans[:top]]
     limit = result.plans[0].limit_bytes
     return (f"{len(result.plans)} of {result.considered} configurations fit in {_gb(limit)} GB a GPU; "
-            f"the best {len(rows)}:\n" + table(header, rows))
+            f"the best {len(rows)}:\n" + table(header, rows, sep=" "))
 
 
 def serving_table(result, top: int) -> str:
@@ -51,10 +54,17 @@ def listing(models: bool, gpus: bool) -> str:
                          [[n, s.n_layer, s.d_model, s.n_head, s.kv_heads, f"{s.num_params() / 1e9:.2f}B",
                            f"{s.active_params() / 1e9:.2f}B"] for n, s in PRESETS.items()]))
     if gpus:
-        out.append(table(["gpu", "memory GB", "bf16 TFLOP/s", "link GB/s"],
-                         [[n, g.memory_gb, f"{g.peak.get('bf16', g.peak.get('fp16', 0)) / 1e12:g}", g.link_gbps]
-                          for n, g in GPUS.items()]))
+        out.append("GPUs: memory GB is nvidia-smi's total in 10^9 bytes, of which plans use\n"
+                   "--memory-fraction, beside the vendor's figure; dense tensor-core TFLOP/s,\n"
+                   "\"-\" where the GPU has no tensor cores of that type.\n"
+                   + table(["gpu", "memory GB", "vendor's", "fp16 TFLOP/s", "bf16 TFLOP/s", "link GB/s"],
+                           [[n, f"{g.memory_bytes / 1e9:.1f}", f"{g.memory_gb:g} GB", _tflops(g, "fp16"),
+                             _tflops(g, "bf16"), f"{g.link_gbps:g}"] for n, g in GPUS.items()]))
     return "\n\n".join(out)
+
+
+def _tflops(g, dtype: str) -> str:
+    return f"{g.peak[dtype] / 1e12:g}" if dtype in g.peak else "-"
 
 
 def shape_summary(shape) -> dict:
