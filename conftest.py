@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+from labkit.busy import busy_note, timeout_scale
 
 ROOT = Path(__file__).resolve().parent
 
@@ -23,7 +26,9 @@ ROUNDOFF_LABS = ("labs/04_accumulation.ipynb",)
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """nbval runs a notebook's cells in order in one kernel: send them to one worker."""
+    """nbval runs a notebook's cells in order in one kernel: send them to one worker. The tests
+    that read the built book go last, so that it builds in the background while the rest run,
+    and both workers share them."""
     for item in items:
         if item.path.suffix == ".ipynb":
             notebook = item.nodeid.split("::")[0]
@@ -31,6 +36,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             path = item.path.resolve()
             if path.is_relative_to(ROOT) and path.relative_to(ROOT).as_posix() in ROUNDOFF_LABS:
                 item.add_marker(pytest.mark.roundoff)
+    book = [item for item in items if "built_book" in getattr(item, "fixturenames", ())]
+    if book:
+        ids = set(map(id, book))
+        items[:] = [item for item in items if id(item) not in ids] + book
 
 
 def toc_pages() -> list[str]:
@@ -68,48 +77,51 @@ class BookBuild:
         return self.html / "zh"
 
 
-def _clone(dest: Path) -> None:
-    """What ``git clone`` of this checkout gives: the files git tracks, and those it would track
-    (new, not ignored), as they are in the working tree."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        src = ROOT / rel
-        if src.is_file():  # a deleted, not yet committed file is listed but gone
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
+def _shared_dir(config: pytest.Config) -> Path:
+    """A folder all xdist workers of this run share (the run's base temp); the run's own."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def _run(cmd: list[str], cwd: Path, env: dict, log: list[str], timeout: float) -> int:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    log.append(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
-    return proc.returncode
+def _start_book_build(config: pytest.Config) -> Path:
+    """Start tests/book_build.py in the background, once per run (the first worker to ask starts
+    it); return the folder whose result.json it writes when done."""
+    out = _shared_dir(config) / "book"
+    out.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(out / "started", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return out  # another worker started it
+    with open(out / "build.log", "w") as log:
+        subprocess.Popen([sys.executable, str(ROOT / "tests" / "book_build.py"), str(out)], cwd=ROOT,
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return out
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The book builds in the background from the start when a collected test needs it."""
+    if any("built_book" in getattr(item, "fixturenames", ()) for item in session.items):
+        _start_book_build(session.config)
 
 
 @pytest.fixture(scope="session")
-def built_book(tmp_path_factory: pytest.TempPathFactory) -> BookBuild:
-    """The book, both editions, built once per session exactly as README.md tells a newcomer:
-    a clone, a virtual environment made inside it (``python3 -m venv .venv``), then the README's
-    build command in that environment (``pip install -r requirements-book.txt && python
-    scripts/build_book.py``, with -W). The environment holds the book's set only, so the build
-    cannot lean on torch, Triton, labkit or a test tool, and the book must not read ``.venv``.
-
-    Tests using it carry ``pytest.mark.xdist_group("book")`` so that one worker builds it.
+def built_book(request: pytest.FixtureRequest) -> BookBuild:
+    """The book, both editions, built once per run exactly as README.md tells a newcomer:
+    a clone, a virtual environment made inside it, then the README's build command in that
+    environment (tests/book_build.py, started in the background when the tests are collected;
+    the book's tests run last, on both workers, and wait here for it).
     """
-    clone = tmp_path_factory.mktemp("course")
-    _clone(clone)
-    venv_python = clone / ".venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(VIRTUAL_ENV=str(venv_python.parent.parent),  # what `. .venv/bin/activate` sets
-               PATH=os.pathsep.join([str(venv_python.parent), env.get("PATH", "")]))
-    log: list[str] = []
-    code = _run([sys.executable, "-m", "venv", ".venv"], clone, env, log, 300)
-    if code == 0:
-        code = _run([str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-                     "-r", "requirements-book.txt"], clone, env, log, 1200)
-        if code != 0 and os.environ.get("CI") != "true":
-            pytest.skip("pip could not install requirements-book.txt into a new virtual environment "
-                        f"(offline?): the book is built as the README says or not at all\n{log[-1][-2000:]}")
-    if code == 0:
-        code = _run([str(venv_python), "scripts/build_book.py"], clone, env, log, 1200)
-    return BookBuild(code, "\n".join(log), clone / "_build" / "html")
+    out = _start_book_build(request.config)
+    result, deadline = out / "result.json", time.monotonic() + 1800 * timeout_scale()
+    while not result.is_file():
+        if time.monotonic() > deadline:
+            log = (out / "build.log").read_text(errors="replace")[-3000:]
+            pytest.fail(f"the book build did not finish within {1800 * timeout_scale():g} s "
+                        f"({busy_note() or 'the machine is not busy'}):\n{log}")
+        time.sleep(1)
+    data = json.loads(result.read_text())
+    if data["skip"]:
+        if os.environ.get("CI") == "true":
+            pytest.fail(data["skip"])
+        pytest.skip(data["skip"])
+    return BookBuild(data["returncode"], data["log"], Path(data["html"]))

@@ -1,7 +1,13 @@
-"""Fixtures shared by labkit's tests."""
+"""Fixtures shared by labkit's tests, and the browser session of the book's tests."""
+
+import functools
+import http.server
+import threading
 
 import pytest
 import torch
+
+from browser_support import CHROMIUM, CHROMIUM_ARGS, QuietHandler, chromium_or_skip
 
 
 @pytest.fixture(autouse=True)
@@ -11,3 +17,34 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def site(built_book):
+    """Serve the built HTML on 127.0.0.1 at a port the OS picks (held while serving); yield its URL."""
+    if built_book.returncode != 0:
+        pytest.fail(f"the book did not build:\n{built_book.log[-3000:]}")
+    handler = functools.partial(QuietHandler, directory=str(built_book.html))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for every page and calculator test of this worker."""
+    chromium_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()

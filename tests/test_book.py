@@ -18,8 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
 HIDDEN_TAGS = {"remove-cell", "remove-output", "remove_cell", "remove_output"}
 
-# One xdist worker builds the book once for this module and tests/test_browser.py.
-pytestmark = pytest.mark.xdist_group("book")
+# The book is built once per run, in the background (conftest.py): both workers read it.
 
 
 class _Tags(HTMLParser):

@@ -16,27 +16,12 @@ saved in the test's tmp_path.
 
 from __future__ import annotations
 
-import functools
-import http.server
-import os
-import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from labkit.busy import timeout_scale
-
-# a loaded machine loads pages slowly: every wait below is this many times longer
-SCALE = timeout_scale()
-
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
-LOCAL_HOSTS = {"127.0.0.1", "localhost"}
-ROOT = Path(__file__).resolve().parents[1]
+from browser_support import LOCAL_HOSTS, ROOT, SCALE
 
 
 def _placeholder_in_use() -> bool:
@@ -55,7 +40,6 @@ def _placeholder_in_use() -> bool:
 
 PLACEHOLDER = _placeholder_in_use()
 
-pytestmark = pytest.mark.xdist_group("book")
 
 # Math left as TeX source, outside code blocks, after MathJax has run: $$, \(, \[, \begin{,
 # or $...$ around TeX (a backslash, ^, _ or braces inside).
@@ -206,55 +190,6 @@ CJK_GLYPHS = """() => {
           distinct: new Set(signatures).size,
           blank: signatures.filter(s => !/[1-9]/.test(s)).length};
 }"""
-
-
-def _chromium_or_skip() -> None:
-    reason = None
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        reason = "the playwright Python package is not installed"
-    if reason is None and not Path(CHROMIUM).is_file():
-        reason = f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason}: the browser test must run in CI")
-        pytest.skip(reason)
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args) -> None:  # noqa: A002
-        pass
-
-
-@pytest.fixture(scope="module")
-def site(built_book):
-    """Serve the built HTML on 127.0.0.1 at a free port; yield its base URL."""
-    if built_book.returncode != 0:
-        pytest.fail(f"the book did not build:\n{built_book.log[-3000:]}")
-    handler = functools.partial(_QuietHandler, directory=str(built_book.html))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    _chromium_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 def _open(browser, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> dict:

@@ -7,7 +7,7 @@ fit, one typed shape), reads every number the page shows, and checks it equals w
 also opens a calculator page from ``file://`` with every request outside the book's folder
 blocked, and checks that a page whose Python runtime is missing says so.
 
-It reuses the book the suite builds once (``built_book``) and test_browser's Chromium fixtures.
+It reuses the book the suite builds once (``built_book``) and the session's Chromium (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
-from test_browser import LOCAL_HOSTS, ROOT, SCALE, browser, site  # noqa: F401  (fixtures)
+from browser_support import LOCAL_HOSTS, ROOT, SCALE
 
 from labkit.estimate import check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
 from labkit.plan import plan_training
 from labkit.shapes import PRESETS
 
-pytestmark = pytest.mark.xdist_group("book")
 
 
 def _calculator_pages() -> dict:

@@ -28,8 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LOCALE_DIR = ROOT / "locales" / "zh_CN" / "LC_MESSAGES"
 
-# The book's build is shared with test_book.py and test_browser.py: one worker builds it.
-pytestmark = pytest.mark.xdist_group("book")
+# The book is built once per run, in the background (conftest.py): both workers read it.
 
 
 def _load(name: str, path: Path):
