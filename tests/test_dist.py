@@ -153,7 +153,7 @@ def test_ranks_can_return_tensors():
 
 def test_concurrent_launches_never_lose_their_port(tmp_path):
     """Four processes make two two-rank launches each, all at once, while a fifth binds and
-    releases ports as fast as it can: every launch succeeds. The launcher's store holds its port
+    releases ports in a loop: every launch succeeds. The launcher's store holds its port
     from before the number is known until the ranks are gone, so nothing can take it."""
     import subprocess
     import sys

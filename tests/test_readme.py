@@ -66,8 +66,8 @@ def test_the_test_set_is_the_book_set_plus_torch_and_the_test_tools():
 
 
 def test_the_build_imports_no_torch_triton_or_labkit():
-    """The build script and the book's Sphinx extensions, read statically (the book build in
-    tests/test_book.py also runs with these imports made to fail)."""
+    """The build script and the book's Sphinx extensions, read statically (the book build of the
+    suite (tests/book_build.py) runs in a virtual environment that has only the book's set)."""
     import ast
 
     sources = [ROOT / "scripts" / "build_book.py", *sorted((ROOT / "_ext").glob("*.py"))]
