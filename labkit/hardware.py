@@ -33,6 +33,7 @@ class GPU:
     smem_kib_per_sm: int       # largest shared memory per SM a kernel can use (KiB)
     peak: dict = field(default_factory=dict)  # dtype -> dense FLOP/s
     source: str = ""
+    network_gbps: float = 12.5  # scale-out bandwidth per GPU, GB/s, one direction (see below)
 
     @property
     def memory_bytes(self) -> int:
@@ -41,6 +42,10 @@ class GPU:
 
 
 GPUS: dict[str, GPU] = {g.name: g for g in [
+    # network_gbps, the last field: the reference cluster's scale-out port per GPU, one direction.
+    # DGX A100: eight 200 Gb/s HDR InfiniBand ports, one per GPU (25 GB/s); DGX H100 and H200:
+    # eight 400 Gb/s NDR ports (ConnectX-7), one per GPU (50 GB/s). The PCIe cards have no reference
+    # cluster: 12.5 GB/s (a 100 Gb/s port per GPU) is assumed; plan_training(network_gbps=...) overrides.
     # Each peak below is the vendor's dense figure: the datasheets' tensor-core figures marked
     # "with sparsity" halved. A dtype the GPU has no tensor-core path for has no entry (the T4 has
     # no bf16: peak_flops("t4", "bf16") is refused, and so is a bf16 plan on it).
@@ -63,19 +68,19 @@ GPUS: dict[str, GPU] = {g.name: g for g in [
     # at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s; NVLink 600 GB/s.
     GPU("a100-40gb", 40, 40_960, 1_555, "NVLink 3 (SXM4)", 600, 108, 164,
         {"fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
-        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); A100 architecture whitepaper"),
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB); A100 architecture whitepaper", 25.0),
     GPU("a100-80gb", 80, 81_920, 2_039, "NVLink 3 (SXM4)", 600, 108, 164,
         {"fp32": 19.5 * _T, "tf32": 156 * _T, "fp16": 312 * _T, "bf16": 312 * _T},
-        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); A100 architecture whitepaper"),
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB); A100 architecture whitepaper", 25.0),
     # H100 datasheet (SXM): FP32 67; TF32 989*, BF16 1,979*, FP16 1,979*, FP8 3,958* TFLOPS
     # (* with sparsity); 80 GB, 3.35 TB/s; NVLink 900 GB/s. H200 (SXM): the same compute, 141 GB
     # HBM3e at 4.8 TB/s, NVLink 900 GB/s.
     GPU("h100-sxm", 80, 81_559, 3_350, "NVLink 4 (SXM5)", 900, 132, 228,
         {"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T, "fp8": 1979 * _T},
-        "NVIDIA H100 Tensor Core GPU datasheet (SXM); Hopper architecture whitepaper"),
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM); Hopper architecture whitepaper", 50.0),
     GPU("h200", 141, 143_771, 4_800, "NVLink 4 (SXM)", 900, 132, 228,
         {"fp32": 67 * _T, "tf32": 494.5 * _T, "fp16": 989.5 * _T, "bf16": 989.5 * _T, "fp8": 1979 * _T},
-        "NVIDIA H200 Tensor Core GPU datasheet (SXM); Hopper architecture whitepaper"),
+        "NVIDIA H200 Tensor Core GPU datasheet (SXM); Hopper architecture whitepaper", 50.0),
     # RTX 4090 (Ada whitepaper, Appendix A): FP32 82.6; TF32 82.6, FP16 and BF16 165.2 TFLOPS with
     # FP32 accumulate (dense; the FP16-accumulate figure, 330.3, is not what training uses);
     # 24 GB GDDR6X, 1,008 GB/s; PCIe Gen4 x16, no NVLink.

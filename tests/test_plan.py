@@ -57,8 +57,11 @@ def test_every_plan_is_the_estimators_memory_fits_and_comes_fastest_first():
         want = training_memory(shape.replace(seq_len=4096), seq_len=4096, micro_batch=pl.micro_batch,
                                dims=Dims(pl.dp_size, pl.tp_size, pl.pp_size), zero_stage=pl.zero_stage,
                                recompute=pl.recompute, sequence_parallel=pl.sequence_parallel,
-                               num_microbatches=pl.num_microbatches, schedule=pl.schedule, v=pl.v)
-        assert pl.memory.to_dict() == want.to_dict() and want.total <= pl.limit_bytes
+                               num_microbatches=pl.num_microbatches, schedule=pl.schedule, v=pl.v,
+                               attention=pl.attention)
+        assert pl.attention == "flash"  # the planner's default: a fused kernel, as real runs use
+        assert pl.memory.to_dict() == want.to_dict() == training_memory(shape, pl.run).to_dict()
+        assert want.total <= pl.limit_bytes
         assert pl.tp_size * pl.pp_size * pl.dp_size * pl.cp_size == 8
         assert pl.dp_size * pl.micro_batch * pl.num_microbatches == 16
     json.dumps(found.to_dict())  # what a script or a page reads

@@ -29,8 +29,8 @@ def check_cp_seq_len(seq_len: int, cp_size: int, layout: str = "zigzag", name: s
     n = _n_chunks(cp_size, layout)
     if seq_len % n:
         need = f"2 * cp_size = {n}" if layout == "zigzag" else f"cp_size = {n}"
-        raise ValueError(f"{name}={seq_len} must be divisible by {need} for layout={layout!r} "
-                         "(pad the sequence, or pick another cp_size)")
+        raise ValueError(f"{name}={seq_len} must be divisible by {need} for cp_size={cp_size}, "
+                         f"layout={layout!r} (pad the sequence, or pick another cp_size)")
     return seq_len // cp_size
 
 

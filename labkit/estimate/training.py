@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..memory.analytic import (RECOMPUTE, embedding_bytes, head_bytes, korthikanti_activation_bytes,
-                               llama_layer_bytes)
+from ..memory.analytic import (ATTENTION, RECOMPUTE, embedding_bytes, head_bytes, korthikanti_activation_bytes,
+                               llama_layer_bytes, lse_bytes)
 from ..pipeline.analytic import max_in_flight
 from ..pipeline.schedules import SCHEDULES
 from ..shapes import ModelShape, preset
@@ -93,112 +93,126 @@ def _degrees(dims) -> tuple[int, int, int, int]:
 
 
 def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp_size: int, *,
-                           sequence_parallel: bool, recompute: str, dtype_bytes: int) -> int:
+                           sequence_parallel: bool, recompute: str, dtype_bytes: int,
+                           attention: str = "eager") -> int:
     """Bytes one layer keeps per micro-batch per rank: Korthikanti's for GPT-2's block (16-bit
-    activations, 1-byte dropout masks), the Llama block's terms otherwise."""
+    activations, 1-byte dropout masks), the Llama block's terms otherwise; ``attention="flash"``:
+    no scores, a fp32 log-sum-exp per row and head instead."""
     if shape.norm == "layernorm" and shape.mlp == "gelu":
         e = dtype_bytes / 2  # Korthikanti's formula counts 2-byte activations
-        return round(e * korthikanti_activation_bytes(seq_len, micro_batch, shape.d_model, shape.n_head,
-                                                      tp_size, sequence_parallel, recompute))
+        flash = attention == "flash" and recompute == "none"
+        kept = korthikanti_activation_bytes(seq_len, micro_batch, shape.d_model, shape.n_head, tp_size,
+                                            sequence_parallel, "selective" if flash else recompute)
+        lse = lse_bytes(seq_len, micro_batch, shape.n_head // tp_size) if attention == "flash" and recompute != "full" else 0
+        return round(e * kept) + lse
     return sum(llama_layer_bytes(seq_len, micro_batch, shape.d_model, shape.n_head, shape.kv_heads,
                                  shape.ffn_dim, dtype_bytes=dtype_bytes, tp_size=tp_size,
-                                 sequence_parallel=sequence_parallel, recompute=recompute).values())
+                                 sequence_parallel=sequence_parallel, recompute=recompute,
+                                 attention=attention).values())
 
 
-def training_memory(shape, *, seq_len: int, micro_batch: int, dims=None, zero_stage: int = 0,
-                    recompute: str = "none", sequence_parallel: bool = False, num_microbatches: int = 1,
-                    schedule: str = "1f1b", v: int = 1, precision: str = "bf16-mixed",
-                    optimizer: str = "adamw", offload: bool = False, stage: int | None = None) -> MemoryEstimate:
+# training_memory's keyword form (before RunConfig), and its defaults: labkit's model as the meter
+# measures it, so attention="eager" here (RunConfig's default is "flash", as real runs use)
+_KNOBS = dict(seq_len=None, micro_batch=None, dims=None, zero_stage=0, recompute="none", sequence_parallel=False,
+              num_microbatches=1, schedule="1f1b", v=1, precision="bf16-mixed", optimizer="adamw",
+              offload=False, attention="eager")
+
+
+def training_memory(shape, run=None, *, stage: int | None = None, **knobs) -> MemoryEstimate:
     """Bytes per GPU of the most loaded rank of a run (a :class:`MemoryEstimate`), or of a rank of
     pipeline ``stage`` (0 to pp - 1) when given: every rank of a stage holds the same bytes.
 
-    ``shape``: a ``ModelShape`` (or a preset name, a ``GPTConfig``, a config.json dict);
-    ``dims``: any object with ``dp_size``, ``tp_size``, ``pp_size``, ``cp_size`` (such as
-    ``labkit.parallel.ParallelDims``; None: one GPU). ZeRO shards the model states over the
-    dp x cp ranks that hold the same parameters; context parallelism divides the sequence (each
-    rank's attention scores counted over its s/cp queries and s/cp keys: one block of a ring).
-    ``precision``: one of :data:`PRECISIONS`; ``offload``: the gradients and optimizer states
-    live on the CPU (ZeRO-Offload), the GPU keeps the parameters.
+    ``shape``: a ``ModelShape`` (or a preset name, a ``GPTConfig``, a config.json dict); ``run``: a
+    ``labkit.parallel.RunConfig``, checked against the shape (``RunConfig.check``). Or, without
+    ``run``, its keyword form: ``seq_len``, ``micro_batch`` (both required), ``dims`` (any object with
+    ``dp_size``, ``tp_size``, ``pp_size``, ``cp_size``; None: one GPU), ``zero_stage``, ``recompute``,
+    ``sequence_parallel``, ``num_microbatches``, ``schedule`` ("1f1b"), ``v``, ``precision``,
+    ``optimizer``, ``offload`` and ``attention`` ("eager": labkit's model, whose attention keeps the
+    (a, s, s) scores, as the meter measures it; "flash": a fused kernel's count).
 
-    Activations are those of labkit's model, whose attention materialises the (a, s, s) scores
-    (the 5as/h term): selective recomputation drops them, as a FlashAttention kernel would.
-    Model states are exact, for one flat group per rank padded as ZeRO pads; torch's Adam also
-    keeps a 4-byte step count per tensor, on the host unless the optimizer is fused, not counted.
-    ``transient`` is an estimate (the meter's peak is not compared with ``total``); it counts no
-    communication bucket, since labkit's bucketed data parallelism makes the gradients views of
-    its buckets (torch's DDP copies into 25 MB buckets: add them for it).
+    ZeRO shards the model states over the dp x cp ranks that hold the same parameters; context
+    parallelism divides the sequence. Model states are exact, for one flat group per rank padded
+    as ZeRO pads; torch's Adam also keeps a 4-byte step count per tensor, not counted.
+    ``transient`` is an estimate (the peaks above what is kept: the logits, a layer recomputed in
+    full, ZeRO-3's gathered parameters); no communication bucket (labkit's gradients are views of
+    its buckets; torch's DDP copies into 25 MB buckets: add them for it).
     """
     shape = check_trainable(as_shape(shape))
-    dp, tp, pp, cp = _degrees(dims)
-    args = _check_args(shape, seq_len, micro_batch, tp, pp, cp, zero_stage, recompute, sequence_parallel,
-                       num_microbatches, schedule, v, precision, optimizer, offload)
+    run = _as_run(run, knobs).check(shape)
     if stage is not None:
-        return _stage_estimate(shape, check_int("stage", stage, 0, pp - 1), dp, tp, pp, cp, **args)
-    stages = sorted({0, pp - 1})
-    per_stage = [_stage_estimate(shape, stage, dp, tp, pp, cp, **args) for stage in stages]
+        return _stage_estimate(shape, check_int("stage", stage, 0, run.pp_size - 1), run)
+    per_stage = [_stage_estimate(shape, st, run) for st in sorted({0, run.pp_size - 1})]
     return max(per_stage, key=lambda est: (est.total, -est.stage))
 
 
-def _check_args(shape, seq_len, micro_batch, tp, pp, cp, zero_stage, recompute, sequence_parallel,
-                num_microbatches, schedule, v, precision, optimizer, offload) -> dict:
-    check_int("seq_len", seq_len, 1)
-    check_int("micro_batch", micro_batch, 1)
-    check_int("num_microbatches", num_microbatches, 1)
-    check_int("v", v, 1)
-    check_choice("zero_stage", zero_stage, STAGES)
-    check_choice("recompute", recompute, RECOMPUTE)
-    check_bool("sequence_parallel", sequence_parallel)
-    check_choice("schedule", schedule, SCHEDULES)
-    check_choice("precision", precision, tuple(PRECISIONS))
-    check_choice("optimizer", optimizer, OPTIMIZERS)
-    check_bool("offload", offload)
-    shape.check_tp_size(tp)
-    if pp > shape.n_layer:
-        raise ValueError(f"dims.pp_size={pp} must be at most n_layer={shape.n_layer} (a stage holds a layer or more)")
-    if v > 1 and (schedule != "interleaved" or shape.n_layer % (pp * v)):
-        raise ValueError(f"v={v} chunks a rank need schedule='interleaved' and v x pp_size to divide "
-                         f"n_layer={shape.n_layer}")
-    if seq_len % (cp * (tp if sequence_parallel else 1)):
-        raise ValueError(f"seq_len={seq_len} must be divisible by cp_size={cp} (x tp_size={tp} with "
-                         "sequence parallelism): each rank holds an equal share of the positions")
-    return dict(seq_len=seq_len, micro_batch=micro_batch, zero_stage=zero_stage, recompute=recompute,
-                sequence_parallel=sequence_parallel, num_microbatches=num_microbatches, schedule=schedule,
-                v=v, precision=precision, optimizer=optimizer, offload=offload)
+def _as_run(run, knobs: dict):
+    """``run`` (a RunConfig), or the RunConfig of training_memory's keyword form."""
+    from ..parallel.config import RunConfig
+    if run is not None:
+        if knobs:
+            raise TypeError(f"training_memory takes a RunConfig or keywords, not both: {sorted(knobs)}")
+        if not isinstance(run, RunConfig):
+            raise TypeError(f"run={run!r} must be a labkit.parallel.RunConfig")
+        return run
+    unknown = sorted(set(knobs) - set(_KNOBS))
+    if unknown:
+        raise TypeError(f"training_memory got unknown keywords {unknown}; valid: {sorted(_KNOBS)}")
+    k = {**_KNOBS, **knobs}
+    for name in ("seq_len", "micro_batch"):
+        if k[name] is None:
+            raise TypeError(f"training_memory needs {name}= (or a RunConfig)")
+    dp, tp, pp, cp = _degrees(k.pop("dims"))
+    return RunConfig(dp_size=dp, tp_size=tp, pp_size=pp, cp_size=cp, **k)
 
 
-def _stage_estimate(shape, stage, dp, tp, pp, cp, *, seq_len, micro_batch, zero_stage, recompute,
-                    sequence_parallel, num_microbatches, schedule, v, precision, optimizer,
-                    offload) -> MemoryEstimate:
-    policy, e = PRECISIONS[precision]
+def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
+    policy, e = PRECISIONS[run.precision]
+    tp, pp, cp, sp, v = run.tp_size, run.pp_size, run.cp_size, run.sequence_parallel, run.v
     n_params = shape.stage_params(tp, pp, stage)
-    states = zero_model_state_bytes(n_params, dp * cp, zero_stage, policy, optimizer)
-    s, b, t = seq_len // cp, micro_batch, tp
-    layer = dict(sequence_parallel=sequence_parallel, dtype_bytes=e)
-    kept = layer_activation_bytes(shape, s, b, t, recompute=recompute, **layer)
+    states = zero_model_state_bytes(n_params, run.replicas, run.zero_stage, policy, run.optimizer)
+    s, b, t = run.seq_len // cp, run.micro_batch, tp
+    layer = dict(sequence_parallel=sp, dtype_bytes=e, attention=run.attention)
+    kept = layer_activation_bytes(shape, s, b, t, recompute=run.recompute, **layer)
     # Stage `stage` holds max_in_flight micro-batches (chunks of 1/v of its layers, interleaved).
     # Under 1F1B with m >= p that is p - stage: stage 0 keeps p x L/p = L layers' worth of
     # activations whatever p is, so pipelining divides the model states but not stage 0's activations.
-    in_flight = max_in_flight(pp, num_microbatches, schedule, v, stage)
+    in_flight = max_in_flight(pp, run.num_microbatches, run.schedule, v, stage)
     activations = in_flight * shape.stage_layers(pp, stage) * kept // v
-    transient = 0
-    if recompute == "full":  # backward recomputes one layer at a time: its activations, all kept
-        transient += layer_activation_bytes(shape, s, b, t, recompute="none", **layer)
-    if zero_stage == 3 and dp * cp > 1:  # one layer's parameters gathered whole, and their gradients
-        one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, optimizer)
-        transient += one.params + one.grads
+    transient = _transient(shape, run, stage, s, b, e, layer, policy)
     if stage == 0:  # the embedding's position indices and, under TP, its ids and mask
         activations += in_flight * embedding_bytes(s, b, pos=shape.pos, tp_size=t)
-    if stage > 0 and shape.norm == "rmsnorm" and e < 4 and recompute != "full":
+    if stage > 0 and shape.norm == "rmsnorm" and e < 4 and run.recompute != "full":
         # the received activation, kept for its gradient: the first RMSNorm keeps an fp32 copy, not
         # it (in fp32 it keeps this very tensor; a LayerNorm or a checkpointed block keeps it too)
-        activations += in_flight * s * b * shape.d_model * e // (t if sequence_parallel else 1)
+        activations += in_flight * s * b * shape.d_model * e // (t if sp else 1)
     if stage < pp - 1:  # each micro-batch's output, sent on and kept until its backward (b s h, /t with SP)
-        activations += in_flight * s * b * shape.d_model * e // (t if sequence_parallel else 1)
-    if stage == pp - 1:  # the final norm and the loss's log-softmax (b s V/t), kept; the logits
+        activations += in_flight * s * b * shape.d_model * e // (t if sp else 1)
+    if stage == pp - 1:  # the final norm and the loss's log-softmax (b s V/t), kept
         activations += in_flight * head_bytes(s, b, shape.d_model, shape.vocab_size, norm=shape.norm,
-                                              dtype_bytes=e, tp_size=t, sequence_parallel=sequence_parallel)
-        transient += b * s * shape.vocab_rows(t) * e  # (then their gradient) sit beside the log-softmax
-    if offload:
-        return MemoryEstimate(states.params, 0, 0, activations, transient, stage,
-                              offloaded=states.grads + states.optimizer)
-    return MemoryEstimate(states.params, states.grads, states.optimizer, activations, transient, stage)
+                                              dtype_bytes=e, tp_size=t, sequence_parallel=sp)
+    params = 0 if run.offload_params else states.params
+    offloaded = (states.grads + states.optimizer if run.offload else 0) + (states.params if run.offload_params else 0)
+    if run.offload:
+        return MemoryEstimate(params, 0, 0, activations, transient, stage, offloaded=offloaded)
+    return MemoryEstimate(params, states.grads, states.optimizer, activations, transient, stage, offloaded=offloaded)
+
+
+def _transient(shape, run, stage: int, s: int, b: int, e: int, layer: dict, policy: str) -> int:
+    """The peaks above what a rank keeps: a layer recomputed in full, ZeRO-3's gathered parameters
+    (one layer's and their gradients; the whole stage's with ``reshard_after_forward=False``), the
+    last stage's logits and their gradient beside the log-softmax."""
+    t = run.tp_size
+    transient = 0
+    if run.recompute == "full":  # backward recomputes one layer at a time: its activations, all kept
+        transient += layer_activation_bytes(shape, s, b, t, recompute="none", **layer)
+    if run.zero_stage == 3 and run.replicas > 1:
+        one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, run.optimizer)
+        transient += one.params + one.grads
+        if not run.reshard_after_forward:  # the stage's parameters stay gathered until their backward
+            n = shape.stage_params(t, run.pp_size, stage)
+            full = zero_model_state_bytes(n, 1, 0, policy, run.optimizer)
+            shard = zero_model_state_bytes(n, run.replicas, 3, policy, run.optimizer)
+            transient += full.params - shard.params
+    if stage == run.pp_size - 1:
+        transient += b * s * shape.vocab_rows(t) * e
+    return transient

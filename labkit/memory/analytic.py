@@ -15,13 +15,17 @@ from ..validate import check_bool, check_choice, check_int
 __all__ = [
     "ModelStateBytes", "model_state_bytes", "RECOMPUTE",
     "ActivationBytes", "activation_bytes", "korthikanti_activation_bytes", "llama_layer_bytes", "head_bytes",
-    "embedding_bytes",
+    "embedding_bytes", "ATTENTION", "lse_bytes",
 ]
 
 # What a layer keeps under recomputation (Korthikanti et al. 2022): everything, all but the
 # attention core (selective), or its input only (full). The one list of the modes: the
 # checkpoint package, tensor parallelism, the planner and the estimator read it from here.
 RECOMPUTE = ("none", "selective", "full")
+# The attention kernel, a choice apart from recomputation: "flash" never stores the (a, s, s)
+# scores (it keeps q, k, v, its output and one fp32 log-sum-exp per row, Dao 2023); "eager" is
+# labkit's model, whose softmax output autograd keeps, as the memory meter measures it.
+ATTENTION = ("flash", "eager")
 
 # bytes per parameter: (parameters, gradients, optimizer states) for each policy
 _PARAM_GRAD = {"fp32": (4, 4), "mixed": (2, 2), "mixed_fp32_grads": (2, 4), "bf16": (2, 2)}
@@ -151,7 +155,8 @@ def korthikanti_activation_bytes(seq_len: int, batch_size: int, d_model: int, n_
 
 def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, n_kv_head: int,
                       d_ff: int, *, dtype_bytes: int = 2, tp_size: int = 1,
-                      sequence_parallel: bool = False, recompute: str = "none") -> dict:
+                      sequence_parallel: bool = False, recompute: str = "none",
+                      attention: str = "eager") -> dict:
     """Bytes one Llama block of :class:`labkit.model.GPT` keeps for backward, per rank, by term.
 
     Derived as Korthikanti et al. derive GPT-2's, from which tensors autograd saves in labkit's
@@ -167,7 +172,9 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
     SwiGLU keeps its gate, SiLU, up and their product (4 sbf e). Sequence parallelism divides the
     norms' terms by t too; "selective" (labkit's policy: the attention core checkpointed) drops the
     softmax and keeps the core's q, k, v as they are passed, views included; "full" keeps the block
-    input (u, /t with SP).
+    input (u, /t with SP). ``attention="flash"``: a fused kernel keeps q, the n_kv key and value
+    heads it reads (no repeat), its output (c_proj's input) and a fp32 log-sum-exp per row
+    (4 a s b), never the scores (:data:`ATTENTION`).
     """
     s, b, h, a, kv, f, t = (check_int(n, v, 1) for n, v in (
         ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model), ("n_head", n_head),
@@ -175,6 +182,7 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
     e = check_choice("dtype_bytes", dtype_bytes, (2, 4))
     r = t if check_bool("sequence_parallel", sequence_parallel) else 1
     check_choice("recompute", recompute, RECOMPUTE)
+    check_choice("attention", attention, ATTENTION)
     if recompute == "full":
         return {"block input (sbh e / r)": s * b * h * e // r}
     a, kv, f, hd = a // t, kv // t, f // t, h // a  # this rank's heads and MLP width
@@ -194,9 +202,25 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
         "c_proj input (sbh e / t)": a * token,
         "SwiGLU gate, SiLU, up, product (4 sbf e / t)": 4 * s * b * f * e,
     }
-    if recompute == "selective":
+    if recompute == "selective" or attention == "flash":
         terms.pop("softmax output (a s^2 b e / t)")
+    if attention == "flash":
+        terms = _flash_terms(terms, kv * token, s, b, a)
     return terms
+
+
+def _flash_terms(terms: dict, kv_bytes: int, s: int, b: int, a: int) -> dict:
+    """The Llama block's terms under a fused attention kernel: its key and value heads as read
+    (n_kv of them, no repeat) and its fp32 log-sum-exp (a s b, this rank's heads)."""
+    terms = {k: v for k, v in terms.items() if not k.startswith(("keys for", "values for"))}
+    terms["keys and values the kernel reads (2 s b n_kv hd e / t)"] = 2 * kv_bytes
+    terms["log-sum-exp (4 a s b / t)"] = lse_bytes(s, b, a)
+    return terms
+
+
+def lse_bytes(seq_len: int, batch_size: int, n_head: int) -> int:
+    """Bytes of a fused attention kernel's fp32 log-sum-exp, one per query row and head: 4 a s b."""
+    return 4 * n_head * seq_len * batch_size
 
 
 def head_bytes(seq_len: int, batch_size: int, d_model: int, vocab_size: int, *, norm: str = "rmsnorm",

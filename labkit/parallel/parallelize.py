@@ -35,6 +35,9 @@ from ..pipeline import SCHEDULES, build_chunks, check_same_model, make_schedule,
 from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
 from ..zero import FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer
+from ..tensor_parallel.rules import check_sequence_parallel
+from .compose import check_runnable, runnable_reason
+from .config import RunConfig
 from .dims import AXES, ParallelDims
 from .zero3 import ShardedSequenceSum, sequence_sharded, shard_chunks, sharded_full_state
 
@@ -52,18 +55,35 @@ def _check_mesh(dims, mesh) -> None:
                          f"{dims.sizes}: build it with dims.build_mesh(device_type)")
 
 
-def _check_combination(dims, sequence_parallel, zero_stage, checkpoint) -> None:
-    """Refuse what the techniques cannot do together (the list is in parallelize_gpt's docstring)."""
-    if dims.cp_size > 1 and (dims.pp_size > 1 or sequence_parallel or zero_stage >= 2 or checkpoint != "none"):
-        raise ValueError(f"cp_size={dims.cp_size} with pp_size={dims.pp_size}, sequence_parallel={sequence_parallel}, "
-                         f"zero_stage={zero_stage}, checkpoint={checkpoint!r}: context parallelism composes here "
-                         "with tensor parallelism, data parallelism and ZeRO-1 only; use pp_size=1, "
-                         "sequence_parallel=False, zero_stage <= 1, checkpoint='none'")
-    if sequence_parallel and dims.tp_size == 1:
-        raise ValueError("sequence_parallel=True needs tp_size > 1")
-    if zero_stage == 3 and checkpoint != "none":
-        raise ValueError(f"zero_stage=3 with checkpoint={checkpoint!r}: the recomputation would gather "
-                         "each unit again, outside ZeRO-3's forward; use checkpoint='none' or zero_stage <= 2")
+def _check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v,
+                       seq_len: int) -> None:
+    """Refuse what the techniques cannot do together: :func:`labkit.parallel.compose.check_runnable`'s
+    table, the one list (the planner reads it too), and sequence parallelism's rule."""
+    check_sequence_parallel(sequence_parallel, dims.tp_size, seq_len // dims.cp_size)
+    run = RunConfig(dp_size=dims.dp_size, tp_size=dims.tp_size, pp_size=dims.pp_size, cp_size=dims.cp_size,
+                    zero_stage=zero_stage, sequence_parallel=sequence_parallel, num_microbatches=num_microbatches,
+                    recompute="none" if checkpoint == "none" else "full", v=v, schedule=schedule)
+    why = runnable_reason(run)
+    if why:
+        knobs = (f"cp_size={dims.cp_size} with pp_size={dims.pp_size}, sequence_parallel={sequence_parallel}, "
+                 f"zero_stage={zero_stage}, checkpoint={checkpoint!r}" if dims.cp_size > 1
+                 else f"zero_stage={zero_stage} with checkpoint={checkpoint!r}")
+        raise ValueError(f"{knobs}: labkit does not run {why} yet; see labkit.parallel.compose.NOT_COMPOSED")
+
+
+def _from_run(run) -> tuple:
+    """(dims, parallelize_gpt's keywords) of a RunConfig; refuses what a model's run cannot take."""
+    check_runnable(run)
+    if run.offload:
+        raise ValueError("run.offload=True: ZeRO-Offload runs as labkit.zero.OffloadOptimizer over data "
+                         "parallelism, not inside parallelize_gpt")
+    for name, value, plain in (("precision", run.precision, "fp32"), ("attention", run.attention, "eager")):
+        if value != plain:
+            raise ValueError(f"run.{name}={value!r}: parallelize_gpt trains the model in the dtype it is given, "
+                             f"with labkit's own attention; pass a RunConfig with {name}={plain!r}")
+    checkpoint = {"none": "none", "selective": "selective", "full": "full"}[run.recompute]
+    return run.dims, dict(sequence_parallel=run.sequence_parallel, zero_stage=run.zero_stage, checkpoint=checkpoint,
+                          schedule=run.schedule, num_microbatches=run.num_microbatches, v=run.v)
 
 
 class ParallelModel:
@@ -217,10 +237,13 @@ class ParallelModel:
         return res.losses
 
 
-def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool = False, zero_stage: int = 0,
+def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_stage: int = 0,
                     checkpoint: str = "none", schedule: str = "1f1b", num_microbatches: int = 1,
                     v: int = 1) -> ParallelModel:
     """Shard labkit's GPT ``model`` over ``mesh`` (``dims.build_mesh``) and return its :class:`ParallelModel`.
+
+    ``dims``: a :class:`ParallelDims` with the keywords below, or a ``RunConfig`` (precision "fp32"
+    and attention "eager": the model's own dtype and attention), which gives them all.
 
     Every rank passes the same seeded model (checked). In order: tensor parallelism over "tp"
     (``sequence_parallel``: LayerNorms and dropout on sequence shards), the pipeline's layer
@@ -237,6 +260,11 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     each chunk over "dp"; the tied embedding's shards line up at the two ends, which sum them) and
     with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`.
     """
+    if isinstance(dims, RunConfig):
+        if (sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v) != (False, 0, "none", "1f1b", 1, 1):
+            raise TypeError("parallelize_gpt takes a RunConfig or keywords, not both")
+        dims, knobs = _from_run(dims)
+        return parallelize_gpt(model, dims, mesh, **knobs)
     check_bool("sequence_parallel", sequence_parallel)
     check_int("zero_stage", zero_stage, 0, 3)
     check_choice("checkpoint", checkpoint, CHECKPOINTS)
@@ -244,7 +272,7 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     check_int("num_microbatches", num_microbatches, 1)
     check_int("v", v, 1)
     _check_mesh(dims, mesh)
-    _check_combination(dims, sequence_parallel, zero_stage, checkpoint)
+    _check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
         raise ValueError(f"schedule={schedule!r}, v={v} need pp_size > 1; with one stage the m micro-batches "
                          "run one after another (gradient accumulation)")

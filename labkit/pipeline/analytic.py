@@ -12,7 +12,8 @@ from __future__ import annotations
 from ..validate import check_int
 from .schedules import SCHEDULES
 
-__all__ = ["bubble_fraction", "max_in_flight", "p2p_messages"]
+__all__ = ["bubble_fraction", "max_in_flight", "p2p_messages", "default_schedule", "check_pipeline",
+           "interleave_allowed"]
 
 
 def _check(p, m, v):
@@ -55,3 +56,39 @@ def p2p_messages(pp_size: int, num_microbatches: int, v: int = 1) -> int:
     p, m = pp_size, num_microbatches
     _check(p, m, v)
     return 2 * m * (v * p - 1)
+
+
+def default_schedule(pp_size: int, num_microbatches: int, v: int = 1) -> str:
+    """The schedule a run of p stages, m micro-batches and v chunks a rank uses: "interleaved"
+    when v > 1, else "1f1b" when m >= p (its memory bound holds), else "gpipe"."""
+    p, m = pp_size, num_microbatches
+    _check(p, m, v)
+    return "interleaved" if v > 1 else ("1f1b" if m >= p else "gpipe")
+
+
+def interleave_allowed(n_layer: int, pp_size: int, num_microbatches: int, v: int) -> bool:
+    """Whether v > 1 chunks a rank can run: p > 1, v p divides n_layer (chunks of equal layer
+    counts) and p divides m (micro-batches enter in groups of p). The rule :func:`check_pipeline`
+    enforces; the planner's sweep asks it before sizing a configuration."""
+    return v == 1 or (pp_size > 1 and n_layer % (pp_size * v) == 0 and num_microbatches % pp_size == 0)
+
+
+def check_pipeline(n_layer: int, pp_size: int, num_microbatches: int, v: int = 1,
+                   schedule: str | None = None) -> str:
+    """The schedule of a valid pipeline (``schedule``, or :func:`default_schedule`'s), else a
+    ValueError naming the argument: p at most n_layer; v > 1 only interleaved, with p > 1, v p
+    dividing n_layer and p dividing m; GPipe and 1F1B with v = 1. The one home of these rules."""
+    p, m = pp_size, num_microbatches
+    _check(p, m, v)
+    check_int("n_layer", n_layer, 1)
+    if p > n_layer:
+        raise ValueError(f"pp_size={p} must be at most n_layer={n_layer} (a stage holds a layer or more)")
+    schedule = default_schedule(p, m, v) if schedule is None else schedule
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES}")
+    if (schedule == "interleaved") != (v > 1) and not (schedule == "interleaved" and v == 1):
+        raise ValueError(f"v={v} chunks a rank need schedule='interleaved' (and v > 1); got {schedule!r}")
+    if not interleave_allowed(n_layer, p, m, v):
+        raise ValueError(f"v={v} chunks a rank need pp_size > 1 (got {p}), v x pp_size = {v * p} dividing "
+                         f"n_layer={n_layer} and pp_size dividing num_microbatches={m}")
+    return schedule

@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 
 from ..estimate import PRECISIONS
-from ..hardware import GPUS
+from ..hardware import GPUS, get_gpu
+from ..memory.analytic import ATTENTION
 from ..hf_config import FAMILIES, MULTIMODAL
 from ..shapes import PRESETS, ModelShape
 from .planner import RECOMPUTE, plan_training
@@ -76,8 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--offload", action="store_true", help="weigh ZeRO-Offload too (states on the CPU)")
     train.add_argument("--efficiency", type=float, default=0.5,
                        help="share of the dense peak compute reaches (default 0.5)")
-    train.add_argument("--network-gbps", type=float, default=25.0,
-                       help="GB/s per GPU between nodes, one direction (default 25)")
+    train.add_argument("--network-gbps", type=float, default=None,
+                       help="GB/s per GPU between nodes, one direction (default: the GPU's reference "
+                       "cluster, 25 for A100, 50 for H100/H200: see --list-gpus)")
+    train.add_argument("--attention", default="flash", choices=ATTENTION,
+                       help="attention kernel: flash (scores never stored, default) or eager (labkit's model)")
+    train.add_argument("--overlap-grad-reduce", action="store_true",
+                       help="the gradient reduction runs under the backward (default: it adds to the step)")
+    train.add_argument("--include-unrunnable", action="store_true",
+                       help="also plan combinations labkit's mechanisms do not run yet (marked in --json)")
     train.add_argument("--memory-fraction", type=float, default=0.9,
                        help="share of the GPU's memory a plan may use (default 0.9)")
     serve = sub.add_parser("serve", help="plan a server", epilog=EXAMPLES,
@@ -155,7 +164,21 @@ def _train(args, fail, shape):
                          recompute=tuple(args.recompute.split(",")), efficiency=args.efficiency,
                          precision=args.precision, offload=(False, True) if args.offload else (False,),
                          network_gbps=args.network_gbps, memory_fraction=args.memory_fraction,
-                         context_parallel=args.context_parallel)
+                         context_parallel=args.context_parallel, attention=args.attention,
+                         overlap_grad_reduce=args.overlap_grad_reduce, include_unrunnable=args.include_unrunnable)
+
+
+def train_assumptions(args) -> list:
+    """What a training plan assumes beyond the flags given: the kernel, the network, the overlap."""
+    g = get_gpu(args.gpu)
+    net = (f"network {args.network_gbps:g} GB/s a GPU (--network-gbps)" if args.network_gbps is not None
+           else f"network {g.network_gbps:g} GB/s a GPU ({g.name}'s reference cluster; --network-gbps)")
+    return [f"attention {args.attention} (--attention)", net,
+            f"compute at {args.efficiency:g} of the dense peak (--efficiency)",
+            "gradient reduction " + ("under the backward" if args.overlap_grad_reduce else
+                                     "after the backward, not overlapped (--overlap-grad-reduce)"),
+            "only what labkit runs" + (" and what it does not (--include-unrunnable)" if args.include_unrunnable
+                                       else " (--include-unrunnable for the rest)")]
 
 
 def _serve(args, fail, shape):
@@ -197,10 +220,13 @@ def main(argv=None) -> int:
         fail(_as_flags(str(e), args))
     shown = result.plans[:args.top]
     if args.json:
-        print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in shown], **read,
+        assumed = {"assumed": train_assumptions(args)} if args.command == "train" else {}
+        print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in shown], **read, **assumed,
                           **({} if result.plans else {"reason": result.reason()})}, indent=1))
     elif shown:
         print((training_table if args.command == "train" else serving_table)(result, args.top))
+        if args.command == "train":
+            print(textwrap.fill("assumed: " + "; ".join(train_assumptions(args)), 80, subsequent_indent="  "))
     if not result.plans:
         print(f"nothing fits: {result.reason()}", file=sys.stderr)
         return 1

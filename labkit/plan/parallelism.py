@@ -16,8 +16,8 @@ from ..hardware import get_gpu
 from ..memory.analytic import RECOMPUTE
 from ..shapes import ModelShape
 from ..validate import check_choice, check_float, check_int, check_positive
+from ..parallel.config import RunConfig
 from .planner import plan_training
-from .sweep import Dims
 
 __all__ = ["Plan", "NoPlanFits", "plan_parallelism", "plan_memory", "RECOMPUTE"]
 
@@ -43,6 +43,7 @@ class Plan:
     fits: bool
     v: int = 1               # model chunks a rank holds: 1, or the interleaved schedule's v
     schedule: str = "1f1b"
+    run: object = None       # the labkit.parallel.RunConfig these fields name
 
     @property
     def memory_bytes(self) -> float:
@@ -59,34 +60,34 @@ class NoPlanFits(ValueError):
 
 
 def _plan(pl) -> Plan:
-    mem = pl.memory
-    return Plan(pl.tp_size, pl.pp_size, pl.dp_size, pl.micro_batch, pl.num_microbatches, pl.zero_stage,
-                pl.recompute, pl.sequence_parallel, mem.params + mem.grads + mem.optimizer,
+    """Chapter 6's names for a ``TrainingPlan`` (its ``run``, memory and step)."""
+    mem, run = pl.memory, pl.run
+    return Plan(run.tp_size, run.pp_size, run.dp_size, run.micro_batch, run.num_microbatches, run.zero_stage,
+                run.recompute, run.sequence_parallel, mem.params + mem.grads + mem.optimizer,
                 mem.activations + mem.transient, pl.step.bubble, pl.step.comm_bytes, pl.step_time_s, pl.mfu,
-                pl.fits, pl.v, pl.schedule)
+                pl.fits, run.v, run.schedule, run)
 
 
 def plan_memory(cfg, t: int, p: int, dp: int, micro_batch: int, num_microbatches: int, zero: int = 0,
                 recompute: str = "full", sequence_parallel: bool = False, v: int = 1) -> tuple[int, int]:
     """(model-state bytes, activation bytes kept) per GPU of the most loaded stage (the transient
     peaks above them left out); ``v`` > 1: the interleaved schedule with v chunks a rank."""
-    for name, value in (("t", t), ("p", p), ("dp", dp), ("micro_batch", micro_batch),
-                        ("num_microbatches", num_microbatches), ("v", v)):
-        check_int(name, value, 1)
     check_choice("zero", zero, _ZERO_STAGES)
-    check_choice("recompute", recompute, RECOMPUTE)
-    check_choice("sequence_parallel", sequence_parallel, (False, True))
-    if cfg.n_head % t:
-        raise ValueError(f"t={t} must divide n_head={cfg.n_head} (each rank holds whole heads)")
-    if cfg.n_layer % p:
+    shape = ModelShape.from_config(cfg)
+    if cfg.n_layer % check_int("p", p, 1):
         raise ValueError(f"p={p} must divide n_layer={cfg.n_layer} (stages of equal layer count)")
-    if v > 1 and (p == 1 or cfg.n_layer % (p * v)):
-        raise ValueError(f"v={v} chunks a rank needs pp_size={p} > 1 and v x p to divide n_layer={cfg.n_layer}")
-    m = num_microbatches
-    schedule = "interleaved" if v > 1 else ("1f1b" if m >= p else "gpipe")
-    mem = training_memory(ModelShape.from_config(cfg), seq_len=cfg.seq_len, micro_batch=micro_batch,
-                          dims=Dims(dp, t, p), zero_stage=zero, recompute=recompute,
-                          sequence_parallel=sequence_parallel, num_microbatches=m, schedule=schedule, v=v)
+    for name, value in (("t", t), ("dp", dp)):
+        check_int(name, value, 1)
+    run = RunConfig(dp_size=dp, tp_size=t, pp_size=p, micro_batch=micro_batch, num_microbatches=num_microbatches,
+                    v=v, zero_stage=zero, recompute=recompute, sequence_parallel=sequence_parallel,
+                    attention="eager", seq_len=cfg.seq_len)
+    try:
+        mem = training_memory(shape, run)
+    except ValueError as err:  # the rules name labkit's arguments; say them in Chapter 6's names
+        message = str(err)
+        for name, short in (("tp_size=", "t="), ("pp_size=", "p="), ("dp_size=", "dp="), ("zero_stage=", "zero=")):
+            message = message.replace(name, short)
+        raise ValueError(message) from None
     return mem.params + mem.grads + mem.optimizer, mem.activations
 
 
@@ -94,12 +95,15 @@ def plan_parallelism(cfg, gpu, n_gpus: int, gpus_per_node: int, global_batch: in
                      dtype: str = "bf16", efficiency: float = 0.5, network_gbps: float = 25.0,
                      nvlink_gbps: float | None = None, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1),
                      recompute=RECOMPUTE, sequence_parallel=(False, True), interleave=None,
-                     memory_fraction: float = 0.9, include_infeasible: bool = False) -> list[Plan]:
+                     memory_fraction: float = 0.9, include_infeasible: bool = False,
+                     attention: str = "eager") -> list[Plan]:
     """Every (t, p, N_d, b, v, ZeRO, recomputation) that fits, fastest estimated step first;
     raises :class:`NoPlanFits` (a ValueError) naming the term that overflowed when none does.
 
     :func:`labkit.plan.plan_training` with p dividing n_layer, ``interleave`` v from 1 to 8 by
     default, and ``zero_stages`` (0, 1); the other arguments are its own, under Chapter 6's names.
+    ``attention`` "eager" by default: labkit's model, whose memory Lab 6 measures (and
+    :func:`plan_memory` counts).
     """
     check_int("n_gpus", n_gpus, 1)
     check_float("efficiency", efficiency, maximum=1.0, above=0.0)  # a share of the dense peak
@@ -120,7 +124,7 @@ def plan_parallelism(cfg, gpu, n_gpus: int, gpus_per_node: int, global_batch: in
                           interleave=tuple(range(1, 9)) if interleave is None else tuple(interleave),
                           dtype=dtype, efficiency=efficiency, network_gbps=network_gbps, nvlink_gbps=nvlink_gbps,
                           memory_fraction=memory_fraction, even_stages=True, include_infeasible=True,
-                          context_parallel=(1,))
+                          context_parallel=(1,), attention=attention)
     plans = [_plan(pl) for pl in found.plans]
     fitting = plans if include_infeasible else [pl for pl in plans if pl.fits]
     if not fitting:

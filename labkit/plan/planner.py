@@ -10,13 +10,16 @@ the total so far ("activations: 91.2 GB of 77.3 GB").
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..estimate import OPTIMIZERS, PRECISIONS, as_shape, check_trainable
 from ..hardware import get_gpu, peak_flops
+from ..memory.analytic import ATTENTION
+from ..parallel.compose import runnable_reason
+from ..parallel.config import RunConfig
 from ..validate import check_bool, check_choice, check_float, check_int, check_positive
-from .sweep import Dims, cp_degrees, flops_of, layouts, pipeline_bubble, pipeline_choices, training_memory
+from .sweep import cp_degrees, flops_of, layouts, pipeline_choices, training_memory
 from .steptime import StepTime, step_flops, step_time
 
 __all__ = ["TrainingPlan", "TrainingPlans", "Overflow", "overflow_term", "plan_training", "RECOMPUTE", "TERMS"]
@@ -27,23 +30,19 @@ TERMS = ("params", "grads", "optimizer", "activations", "transient")
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    """One configuration: degrees, knobs, the per-GPU memory (a ``MemoryEstimate``), the step."""
+    """One configuration: ``run`` (a ``labkit.parallel.RunConfig``), the per-GPU memory (a
+    ``MemoryEstimate``), the step (a ``StepTime``) and the memory limit it was judged against. The
+    run's fields read through (``plan.tp_size`` is ``plan.run.tp_size``)."""
 
-    tp_size: int
-    pp_size: int
-    v: int
-    dp_size: int
-    cp_size: int
-    zero_stage: int
-    recompute: str
-    sequence_parallel: bool
-    offload: bool
-    micro_batch: int
-    num_microbatches: int
-    schedule: str
+    run: RunConfig
     memory: object
     step: StepTime
     limit_bytes: int
+
+    def __getattr__(self, name):
+        if name in RunConfig.__dataclass_fields__:
+            return getattr(self.run, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def fits(self) -> bool:
@@ -58,9 +57,8 @@ class TrainingPlan:
         return self.step.mfu
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("memory", "step")}
-        return {**d, "memory": self.memory.to_dict(), "step": self.step.to_dict(),
-                "step_time_s": self.step_time_s, "mfu": self.mfu}
+        return {**self.run.to_dict(), "memory": self.memory.to_dict(), "step": self.step.to_dict(),
+                "limit_bytes": self.limit_bytes, "step_time_s": self.step_time_s, "mfu": self.mfu}
 
 
 class Overflow(NamedTuple):
@@ -87,19 +85,23 @@ class Overflow(NamedTuple):
 
 class TrainingPlans(NamedTuple):
     """What :func:`plan_training` found: ``plans`` that fit, best first; ``overflows``, one per
-    layout where none does; ``considered``: how many configurations the sweep sized."""
+    layout where none does; ``considered``: how many configurations the sweep sized; ``refused``:
+    those it did not size because labkit's mechanisms do not run them, by reason."""
 
     plans: list
     overflows: list
     considered: int
+    refused: dict = {}  # configurations labkit does not run, counted by the reason (labkit.parallel.compose)
 
     def to_dict(self) -> dict:
-        return {"plans": [p.to_dict() for p in self.plans],
-                "overflows": [o.to_dict() for o in self.overflows], "considered": self.considered}
+        return {"plans": [p.to_dict() for p in self.plans], "overflows": [o.to_dict() for o in self.overflows],
+                "considered": self.considered, "refused": dict(self.refused)}
 
     def reason(self) -> str:
         """Why nothing fits: each layout's overflow, the closest first."""
         if not self.overflows:
+            if self.refused:
+                return "labkit does not run " + "; nor ".join(sorted(self.refused))
             return "no (t, cp, p, N_d, b) splits the GPUs and the global batch"
         worst = sorted(self.overflows, key=lambda o: o.leanest.memory.total)
         return "; ".join(f"t={o.tp_size}{f' cp={o.cp_size}' if o.cp_size > 1 else ''} p={o.pp_size} "
@@ -116,14 +118,13 @@ def overflow_term(memory, limit: int) -> tuple[str, int]:
     return "", total
 
 
-def _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_gbps, memory_fraction,
+def _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, memory_fraction,
            micro_batches, zero_stages, recompute, sequence_parallel, interleave, offload):
     for name, value in (("num_gpus", num_gpus), ("gpus_per_node", gpus_per_node), ("seq_len", seq_len),
                         ("global_batch", global_batch)):
         check_int(name, value, 1)
     check_float("efficiency", efficiency, maximum=1.0, above=0.0)
     check_float("memory_fraction", memory_fraction, maximum=1.0, above=0.0)
-    check_positive("network_gbps", network_gbps)
     for name, values, valid in (("micro_batches", micro_batches, None), ("interleave", interleave, None),
                                 ("zero_stages", zero_stages, (0, 1, 2, 3)), ("recompute", recompute, RECOMPUTE),
                                 ("sequence_parallel", sequence_parallel, None), ("offload", offload, None)):
@@ -155,54 +156,59 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
                   micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3), recompute=RECOMPUTE,
                   sequence_parallel=(False, True), interleave=(1, 2, 4), offload=(False,),
                   dtype: str | None = None, precision: str = "bf16-mixed", optimizer: str = "adamw",
-                  efficiency: float = 0.5, network_gbps: float = 25.0, nvlink_gbps: float | None = None,
+                  efficiency: float = 0.5, network_gbps: float | None = None, nvlink_gbps: float | None = None,
                   memory_fraction: float = 0.9, even_stages: bool = False,
-                  include_infeasible: bool = False, context_parallel=None, stepwise: bool = False) -> TrainingPlans:
+                  include_infeasible: bool = False, context_parallel=None, stepwise: bool = False,
+                  attention: str = "flash", overlap_grad_reduce: bool = False,
+                  include_unrunnable: bool = False) -> TrainingPlans:
     """Every configuration of ``shape`` on ``num_gpus`` x ``gpu`` that fits, fastest first.
 
-    t divides n_head, n_kv_head, d_ff and gpus_per_node; p <= n_layer; t cp p N_d = num_gpus; N_d b
-    divides ``global_batch`` (m = global_batch / (N_d b) micro-batches a pipeline); v > 1 needs
-    p > 1, v p dividing n_layer and p dividing m; ``offload``: (False,), or (False, True) to weigh
-    ZeRO-Offload too. ``shape``: a ``ModelShape``, a preset's name, a ``GPTConfig`` or a
-    config.json dict. ``network_gbps``: GB/s per GPU between nodes, one direction (25: a 200 Gb/s
-    port per GPU). ``dtype``: the peak MFU is taken against (default: the precision's, bf16 or fp16;
-for fp32, bf16, or fp16 on a GPU without bf16); a bf16 precision on a GPU without bf16 is refused.
-    ``nvlink_gbps``: inside a node, one direction (default half the table's total);
-    ``even_stages``: p divides n_layer; ``include_infeasible``: ``plans`` keeps what does not fit
-    too. The step-time model: :mod:`labkit.plan.steptime`.
+    Each is a ``labkit.parallel.RunConfig`` that passes ``RunConfig.check(shape)`` (t divides the
+    heads and widths and ``gpus_per_node``; p <= n_layer; v > 1 where interleaving runs) and that
+    labkit's mechanisms run together (``labkit.parallel.compose``: ``include_unrunnable`` keeps the
+    others too, each plan's ``runnable`` saying why not); t cp p N_d = num_gpus; N_d b divides
+    ``global_batch`` (m = global_batch / (N_d b)). ``offload``: (False,), or (False, True) to weigh
+    ZeRO-Offload too (ZeRO-2 on one replica). ``shape``: a ``ModelShape``, a preset's name, a
+    ``GPTConfig`` or a config.json dict. ``network_gbps``: GB/s per GPU between nodes, one
+    direction (None: the GPU's reference cluster, ``labkit.hardware.GPU.network_gbps``);
+    ``nvlink_gbps``: inside a node (default half the table's total); ``dtype``: the peak MFU is
+    taken against (default: the precision's); ``attention``: "flash" (default) or "eager";
+    ``overlap_grad_reduce``: the gradient reduction hides under the backward; ``even_stages``: p
+    divides n_layer; ``include_infeasible``: ``plans`` keeps what does not fit too. Step time:
+    :mod:`labkit.plan.steptime`.
 
-    ``context_parallel``: the cp degrees to weigh (ring attention, zigzag layout: 2 cp divides
-    ``seq_len``), a tuple such as (1, 2, 4) of degrees dividing ``num_gpus``; ``None`` (the
-    default): cp = 1, and for ``seq_len`` >= ``sweep.CP_MIN_SEQ_LEN`` (16384) every power of two
-    that divides the GPUs and 2 cp the sequence (:func:`labkit.plan.sweep.cp_degrees`). Ranks sit
-    in ``labkit.parallel.ParallelDims.AXES`` order (dp, pp, cp, tp: tp innermost, cp just outside
-    it), so a cp group spans t cp consecutive ranks: its ring runs on NVLink when t cp <=
-    ``gpus_per_node``, else on the network. ZeRO shards, and gradients are all-reduced, over the
-    N_d cp ranks that hold the same parameters.
-
-    ``stepwise``: the inputs are checked now, and a generator is returned that sizes one
-    configuration a step, yielding ``(layouts done, layouts, None)``, then ``(n, n, TrainingPlans)``
-    (a page's calculator gives the browser its turn between steps).
+    ``context_parallel``: the cp degrees to weigh (ring attention, zigzag layout), a tuple such as
+    (1, 2, 4); ``None``: :func:`labkit.plan.sweep.cp_degrees`. Ranks sit in
+    ``labkit.parallel.ParallelDims.AXES`` order (dp, pp, cp, tp), so a cp group spans t cp
+    consecutive ranks. ``stepwise``: a generator yielding ``(layouts done, layouts, None)`` and then
+    ``(n, n, TrainingPlans)`` (a page's calculator gives the browser its turn between steps).
     """
     g, shape = get_gpu(gpu), check_trainable(as_shape(shape))
     check_choice("precision", precision, tuple(PRECISIONS))
     check_choice("optimizer", optimizer, OPTIMIZERS)
-    check_bool("even_stages", even_stages)
-    check_bool("include_infeasible", include_infeasible)
-    check_bool("stepwise", stepwise)
-    if nvlink_gbps is not None:
-        check_positive("nvlink_gbps", nvlink_gbps)
-    _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, network_gbps, memory_fraction,
+    check_choice("attention", attention, ATTENTION)
+    for name, value in (("even_stages", even_stages), ("include_infeasible", include_infeasible),
+                        ("stepwise", stepwise), ("overlap_grad_reduce", overlap_grad_reduce),
+                        ("include_unrunnable", include_unrunnable)):
+        check_bool(name, value)
+    for name, value in (("nvlink_gbps", nvlink_gbps), ("network_gbps", network_gbps)):
+        if value is not None:
+            check_positive(name, value)
+    _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, memory_fraction,
            micro_batches, zero_stages, recompute, sequence_parallel, interleave, offload)
     cps = cp_degrees(seq_len, num_gpus, context_parallel)
     shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
-    ctx = dict(shape=shape, gpu=g, num_gpus=num_gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
+    base = RunConfig(seq_len=seq_len, precision=precision, optimizer=optimizer, attention=attention,
+                     overlap_grad_reduce=overlap_grad_reduce)
+    ctx = dict(shape=shape, base=base, num_gpus=num_gpus, gpus_per_node=gpus_per_node, global_batch=global_batch,
                peak=peak_flops(g, dtype or _peak_dtype(g, precision)), efficiency=efficiency,
-               nvlink_gbps=g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps, network_gbps=network_gbps, limit=int(memory_fraction * g.memory_bytes),
-               precision=precision, optimizer=optimizer,
+               nvlink_gbps=g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps,
+               network_gbps=g.network_gbps if network_gbps is None else network_gbps,
+               limit=int(memory_fraction * g.memory_bytes), unrunnable=include_unrunnable,
                flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
     grid = [(t, cp, p, dp) for cp in cps for t, p, dp in layouts(shape, num_gpus // cp, gpus_per_node, even_stages)]
-    steps = _sweep(ctx, grid, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload,
+    steps = _sweep(ctx, grid, dict(micro_batches=micro_batches, interleave=interleave, zero_stages=zero_stages,
+                                   recompute=recompute, sequence_parallel=sequence_parallel, offload=offload),
                    include_infeasible)
     if stepwise:
         return steps
@@ -211,15 +217,13 @@ for fp32, bf16, or fp16 on a GPU without bf16); a bf16 precision on a GPU withou
     return found
 
 
-def _sweep(ctx, grid, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload,
-           include_infeasible):
+def _sweep(ctx, grid, choices, include_infeasible):
     """Size each layout of ``grid`` in turn, yielding ``(layouts done, len(grid), None)`` after each
     configuration, then the plans."""
-    plans, overflows, considered = [], [], 0
+    plans, overflows, considered, refused = [], [], 0, {}
     for i, (t, cp, p, dp) in enumerate(grid):
         found = []
-        for plan in _layout_plans(ctx, t, cp, p, dp, micro_batches, interleave, zero_stages, recompute,
-                                  sequence_parallel, offload):
+        for plan in _layout_plans(ctx, t, cp, p, dp, refused, **choices):
             found.append(plan)
             yield i, len(grid), None
         considered += len(found)
@@ -231,27 +235,46 @@ def _sweep(ctx, grid, micro_batches, interleave, zero_stages, recompute, sequenc
             overflows.append(Overflow(t, p, dp, cp, term, so_far, ctx["limit"], leanest))
         yield i + 1, len(grid), None
     plans.sort(key=lambda pl: (pl.step_time_s, pl.memory.total))
-    yield len(grid), len(grid), TrainingPlans(plans, overflows, considered)
+    yield len(grid), len(grid), TrainingPlans(plans, overflows, considered, refused)
 
 
-def _layout_plans(ctx, t, cp, p, dp, micro_batches, interleave, zero_stages, recompute, sequence_parallel, offload):
-    """Yield every configuration of one layout (t, cp, p, N_d); sequence parallelism where t cp
-    divides s."""
+def _zero_choices(zero_stages, offload, replicas: int):
+    """(ZeRO stage, offload) pairs worth sizing: ZeRO shards over replicas > 1 (stage 0 on one);
+    offloading needs a stage >= 1 (ZeRO-Offload; on one replica one such stage, ZeRO-2 first)."""
+    for off in offload:
+        if replicas > 1:
+            yield from ((z, off) for z in zero_stages if z >= 1 or not off)
+        elif not off:
+            yield 0, False
+        else:
+            lone = [z for z in (2, 1, 3) if z in zero_stages]
+            if lone:
+                yield lone[0], True
+
+
+def _layout_plans(ctx, t, cp, p, dp, refused, *, micro_batches, interleave, zero_stages, recompute,
+                  sequence_parallel, offload):
+    """Yield every configuration of one layout (t, cp, p, N_d) that the shape allows (RunConfig.check)
+    and, unless asked, that labkit runs (``refused`` counts the others by reason)."""
     shape = ctx["shape"]
-    rank_params = shape.num_params() // (t * p)
+    degrees = dict(tp_size=t, cp_size=cp, pp_size=p, dp_size=dp)
     for b, m, v, schedule in pipeline_choices(shape, p, dp, ctx["global_batch"], micro_batches, interleave):
-        bubble = pipeline_bubble(p, m, schedule, v)
-        for rc in recompute:
-            for sp in (x for x in sequence_parallel if not (x and (t == 1 or shape.seq_len % (t * cp)))):
-                for z, off in ((z, off) for z in zero_stages for off in offload if z == 0 or dp * cp > 1):
-                    mem = training_memory(shape, seq_len=shape.seq_len, micro_batch=b, dims=Dims(dp, t, p, cp),
-                                          zero_stage=z, recompute=rc, sequence_parallel=sp, num_microbatches=m,
-                                          schedule=schedule, v=v, precision=ctx["precision"],
-                                          optimizer=ctx["optimizer"], offload=off)
-                    step = step_time(*ctx["flops"][rc], shape=shape, num_gpus=ctx["num_gpus"],
-                                     gpus_per_node=ctx["gpus_per_node"], tp_size=t, pp_size=p, dp_size=dp,
-                                     micro_batch=b, num_microbatches=m, v=v, bubble=bubble, recompute=rc,
-                                     sequence_parallel=sp, zero_stage=z, rank_params=rank_params,
-                                     peak=ctx["peak"], efficiency=ctx["efficiency"], offload=off,
-                                     nvlink_gbps=ctx["nvlink_gbps"], network_gbps=ctx["network_gbps"], cp_size=cp)
-                    yield TrainingPlan(t, p, v, dp, cp, z, rc, sp, off, b, m, schedule, mem, step, ctx["limit"])
+        for rc, sp in ((rc, sp) for rc in recompute for sp in sequence_parallel
+                       if not (sp and (t == 1 or shape.seq_len % (t * cp)))):
+            for z, off in _zero_choices(zero_stages, offload, dp * cp):
+                run = ctx["base"].replace(**degrees, micro_batch=b, num_microbatches=m, v=v, schedule=schedule,
+                                          recompute=rc, sequence_parallel=sp, zero_stage=z, offload=off)
+                why = runnable_reason(run)
+                if why and not ctx["unrunnable"]:
+                    refused[why] = refused.get(why, 0) + 1
+                    continue
+                yield _size(ctx, run)
+
+
+def _size(ctx, run) -> TrainingPlan:
+    shape = ctx["shape"]
+    mem = training_memory(shape, run)
+    step = step_time(run, shape, num_gpus=ctx["num_gpus"], gpus_per_node=ctx["gpus_per_node"], peak=ctx["peak"],
+                     efficiency=ctx["efficiency"], nvlink_gbps=ctx["nvlink_gbps"], network_gbps=ctx["network_gbps"],
+                     flops=ctx["flops"][run.recompute])
+    return TrainingPlan(run, mem, step, ctx["limit"])

@@ -10,11 +10,14 @@ Assumptions, all of them:
 - Tensor parallelism: 4 all-reduces (or reduce-scatter + all-gather pairs, the same bytes) of a
   (b, s / cp, h) 2-byte activation per layer and micro-batch, 6 under full recomputation; ring
   traffic 2 (t - 1) / t of the message per GPU, on NVLink at half the table's ``link_gbps`` (one
-  direction). A tensor group never leaves a node.
-- Pipeline: each micro-batch crosses each boundary forward and backward, (b, s / cp, h) 2-byte
-  (/ t with sequence parallelism), v times with interleaving; on the network (``network_gbps``
-  per GPU, one direction) when a pipeline spans nodes (t cp p > gpus_per_node: the rank grid is
-  ``labkit.parallel.ParallelDims.AXES``, dp outermost, then pp, cp, and tp innermost), else on NVLink.
+  direction). A tensor group never leaves a node. The most loaded stage's layers (ceil(L / p)).
+- Pipeline: each micro-batch crosses each boundary forward and backward, v times with
+  interleaving; a (b, s / cp, h) 2-byte message divided by t: with sequence parallelism it is
+  split already, without it Megatron's scatter/gather sends 1/t from each of the t ranks and
+  gathers it again over NVLink (Narayanan et al. 2021b, Section 4.1). On the network
+  (``network_gbps`` per GPU, one direction) when a pipeline spans nodes (t cp p > gpus_per_node:
+  the rank grid is ``labkit.parallel.ParallelDims.AXES``, dp outermost, then pp, cp, and tp
+  innermost), else on NVLink.
 - Context parallelism (ring attention, zigzag layout): per layer and micro-batch a rank sends
   ``labkit.context_parallel.ring_bytes_per_layer`` forward (its K and V shard cp - 1 times, of
   its t-th of the key/value heads) and backward (K and V again, and their gradients cp times),
@@ -24,17 +27,22 @@ Assumptions, all of them:
   posts the next transfer before computing the current block): in forward, cp - 1 transfers hide
   behind cp - 1 blocks of ``labkit.context_parallel.block_flops`` (an (s/cp) x (s/cp) block of
   the rank's heads, unmasked, as the FLOP count above counts attention), in backward behind twice
-  that compute (its matmuls are twice the forward's); only what lasts
-  longer than the compute adds to the step (the FLOPs-against-bytes test of
-  ``labkit.context_parallel.hide_chunk_tokens``, on the group's link and at ``efficiency``).
-- Data parallelism: ring all-reduce of the rank's 2-byte gradients over the N_d cp ranks that
-  hold the same parameters, 2 (N_d cp - 1) / (N_d cp) of them (ZeRO shards over N_d cp too, as
-  ``labkit.estimate`` counts); ZeRO-3 half as much again (the weights gathered once more); on the
-  network when the run spans nodes, else on NVLink.
-- ZeRO-Offload: the rank's 2-byte gradients go to the CPU and its 2-byte weights come back each
-  step over PCIe at ``pcie_gbps`` (one direction); the CPU's optimizer step is not modelled.
-- Apart from the ring's, nothing overlaps: the communication times add to the compute time. MFU
-  counts the model's FLOPs only; ``hfu`` counts the recomputed ones too (Narayanan et al.'s definition).
+  that compute; only what lasts longer than the compute adds to the step.
+- Data parallelism and ZeRO: the elements of ``labkit.zero.analytic.step_comm_volume`` (stages
+  0-1 once a step, stage 2's reduce-scatter and stage 3's gathers every micro-batch, as the
+  mechanisms run them), 2 bytes each, times the ring's (N_d cp - 1) / (N_d cp), over the N_d cp
+  ranks that hold the same parameters; on the network when the run spans nodes, else on NVLink.
+  ``RunConfig.overlap_grad_reduce``: that traffic runs under the compute and only what exceeds
+  the backward's share (two thirds of the compute) adds; otherwise it adds in full.
+- Latency (the alpha of an alpha-beta model): every ring collective takes R - 1 steps over R
+  ranks (an all-reduce 2 (R - 1)), each ``LATENCY_S`` of its link (1 us on NVLink, 5 us on the
+  network); a pipeline message one. It matters for small messages over many ranks (ZeRO-3's
+  per-layer gathers over hundreds of replicas), not for bandwidth-bound ones.
+- ZeRO-Offload: the rank's shard of 2-byte gradients goes to the CPU and its shard of 2-byte
+  weights comes back each step over PCIe at ``pcie_gbps`` (one direction); the CPU's optimizer step is not modelled.
+- Nothing else overlaps: the communication times add to the compute time. MFU counts the model's
+  FLOPs only; ``hfu`` counts the recomputed ones too (Narayanan et al.'s definition; both named
+  by Chowdhery et al. 2022, PaLM, Appendix B).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from dataclasses import asdict, dataclass
 
 from ..context_parallel.analytic import block_flops, ring_bytes_per_layer
 
-__all__ = ["StepTime", "step_time", "step_flops", "ring_step"]
+__all__ = ["StepTime", "step_time", "step_flops", "ring_step", "LATENCY_S"]
 
 
 @dataclass(frozen=True)
@@ -60,10 +68,12 @@ class StepTime:
     mfu: float
     hfu: float
     comm_bytes: dict  # per GPU per step: {"tensor", "pipeline", "context", "data"}
+    latency_s: float = 0.0  # the collectives' per-step latencies, added up
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tensor_s + self.pipeline_s + self.context_s + self.data_s + self.offload_s
+        return (self.compute_s + self.tensor_s + self.pipeline_s + self.context_s + self.data_s + self.offload_s
+                + self.latency_s)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total_s": self.total_s}
@@ -98,30 +108,65 @@ def ring_step(shape, *, tp_size: int, cp_size: int, micro_batch: int, recompute:
     return passes * forward + backward, passes * exposed_fwd + exposed_bwd
 
 
-def step_time(model_flops: float, run_flops: float, *, shape, num_gpus: int, gpus_per_node: int,
-              tp_size: int, pp_size: int, dp_size: int, micro_batch: int, num_microbatches: int,
-              v: int, bubble: float, recompute: str, sequence_parallel: bool, zero_stage: int,
-              rank_params: int, peak: float, efficiency: float, nvlink_gbps: float,
-              network_gbps: float, offload: bool = False, pcie_gbps: float = 25.0, cp_size: int = 1) -> StepTime:
-    """The model of the module docstring for one plan; ``rank_params``: the parameters a rank
-    holds (its gradients' count), ``peak``: the dense FLOP/s of one GPU."""
-    t, p, dp, cp, m = tp_size, pp_size, dp_size, cp_size, num_microbatches
+LATENCY_S = {"nvlink": 1e-6, "network": 5e-6}  # seconds per step of a ring collective, by link
+
+
+def _links(run, num_gpus: int, gpus_per_node: int, nvlink_gbps: float, network_gbps: float) -> dict:
+    """(GB/s, latency) of each group's link: tp stays in a node; cp, pp and dp leave it when the
+    ranks they span (t cp, t cp p, the whole run) outnumber a node's GPUs."""
+    net, nv = (network_gbps, LATENCY_S["network"]), (nvlink_gbps, LATENCY_S["nvlink"])
+    t, cp, p = run.tp_size, run.cp_size, run.pp_size
+    return {"tensor": nv, "context": net if t * cp > gpus_per_node else nv,
+            "pipeline": net if t * cp * p > gpus_per_node else nv, "data": net if num_gpus > gpus_per_node else nv}
+
+
+def _data_traffic(run, rank_params: int, layers: int) -> tuple[float, int]:
+    """(bytes a rank sends, ring steps) of one step's data-parallel and ZeRO collectives."""
+    from ..zero.analytic import step_comm_volume
+    r, m = run.replicas, run.num_microbatches
+    if r == 1:
+        return 0.0, 0
+    volume = step_comm_volume(rank_params, run.zero_stage, m, reshard_after_forward=run.reshard_after_forward)
+    sent = sum(volume.values()) * 2 * (r - 1) / r
+    if run.zero_stage <= 1:
+        calls = 2  # an all-reduce: 2 (R - 1) steps, as a reduce-scatter and an all-gather
+    elif run.zero_stage == 2:
+        calls = m + 1
+    else:  # per layer (labkit's unit) and micro-batch: the gathers and the reduce-scatter
+        calls = layers * m * (3 if run.reshard_after_forward else 2)
+    return sent, calls * (r - 1)
+
+
+def step_time(run, shape, *, num_gpus: int, gpus_per_node: int, peak: float, efficiency: float,
+              nvlink_gbps: float, network_gbps: float, pcie_gbps: float = 25.0, flops=None) -> StepTime:
+    """The model of the module docstring for ``run`` (a checked ``labkit.parallel.RunConfig``) of
+    ``shape``; ``peak``: the dense FLOP/s of one GPU; ``flops``: (model, run) FLOPs of the step
+    (:func:`step_flops`; computed when None)."""
+    from ..pipeline.analytic import bubble_fraction
+    t, p, cp, m, v = run.tp_size, run.pp_size, run.cp_size, run.num_microbatches, run.v
+    model_flops, run_flops = flops or step_flops(lambda sh, gb, recompute=False: sh.step_flops(gb, recompute),
+                                                 shape, run.global_batch, run.recompute)
+    bubble = bubble_fraction(p, m, run.schedule, v)
     compute = run_flops / (num_gpus * peak * efficiency) / (1 - bubble)
-    message = micro_batch * (shape.seq_len // cp) * shape.d_model * 2  # one (b, s/cp, h) bf16 activation
-    layers = shape.n_layer // p
-    tensor = (6 if recompute == "full" else 4) * layers * m * 2 * (t - 1) / t * message
-    pipe = 2 * m * v * message / (t if sequence_parallel else 1) if p > 1 else 0.0
-    replicas = dp * cp  # the ranks that hold the same parameters
-    data = 2 * (replicas - 1) / replicas * rank_params * 2 * (1.5 if zero_stage == 3 else 1.0)
-    ring_link = network_gbps if t * cp > gpus_per_node else nvlink_gbps
-    ring, ring_s = ring_step(shape, tp_size=t, cp_size=cp, micro_batch=micro_batch, recompute=recompute,
-                             flops_per_s=peak * efficiency, link_gbps=ring_link)
-    pipe_link = network_gbps if t * cp * p > gpus_per_node else nvlink_gbps
-    data_link = network_gbps if num_gpus > gpus_per_node else nvlink_gbps
-    tensor_s, pipe_s, data_s = tensor / nvlink_gbps / 1e9, pipe / pipe_link / 1e9, data / data_link / 1e9
+    message = run.micro_batch * (shape.seq_len // cp) * shape.d_model * 2  # one (b, s/cp, h) bf16 activation
+    layers = -(-shape.n_layer // p)
+    links = _links(run, num_gpus, gpus_per_node, nvlink_gbps, network_gbps)
+    collectives = (6 if run.recompute == "full" else 4) * layers * m
+    tensor = collectives * 2 * (t - 1) / t * message
+    pipe = 2 * m * v * message / t if p > 1 else 0.0
+    data, data_steps = _data_traffic(run, shape.stage_params(t, p, 0), layers)
+    ring, ring_s = ring_step(shape, tp_size=t, cp_size=cp, micro_batch=run.micro_batch, recompute=run.recompute,
+                             flops_per_s=peak * efficiency, link_gbps=links["context"][0])
+    tensor_s, pipe_s = tensor / nvlink_gbps / 1e9, pipe / links["pipeline"][0] / 1e9
+    data_s = data / links["data"][0] / 1e9
+    if run.overlap_grad_reduce:
+        data_s = max(0.0, data_s - 2 / 3 * compute * (1 - bubble))
+    latency = (collectives * 2 * (t - 1) * links["tensor"][1] + (2 * m * v if p > 1 else 0) * links["pipeline"][1]
+               + data_steps * links["data"][1])
     context, context_s = layers * m * ring, layers * m * ring_s
-    offload_s = 2 * rank_params * 2 / pcie_gbps / 1e9 if offload else 0.0
-    total = compute + tensor_s + pipe_s + context_s + data_s + offload_s
+    shard = -(-shape.stage_params(t, p, 0) // run.replicas)  # ZeRO-Offload moves a rank's shard (stage >= 1)
+    offload_s = 2 * shard * 2 / pcie_gbps / 1e9 if run.offload else 0.0
+    total = compute + tensor_s + pipe_s + context_s + data_s + offload_s + latency
     return StepTime(compute, bubble, tensor_s, pipe_s, data_s, context_s, offload_s,
                     model_flops / (total * num_gpus * peak), run_flops / (total * num_gpus * peak),
-                    {"tensor": tensor, "pipeline": pipe, "context": context, "data": data})
+                    {"tensor": tensor, "pipeline": pipe, "context": context, "data": data}, latency)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from ..context_parallel.analytic import check_cp_seq_len
 from ..estimate import training_memory
-from ..pipeline.analytic import bubble_fraction
+from ..pipeline.analytic import bubble_fraction, default_schedule, interleave_allowed
 from ..validate import check_int
 
 __all__ = ["Dims", "CP_MIN_SEQ_LEN", "cp_degrees", "layouts", "pipeline_choices", "pipeline_bubble", "flops_of",
@@ -79,17 +79,16 @@ def layouts(shape, num_gpus: int, gpus_per_node: int, even_stages: bool = False)
 
 
 def pipeline_choices(shape, p: int, dp: int, global_batch: int, micro_batches, interleave):
-    """(b, m, v, schedule) for one layout: N_d b divides the global batch; v > 1 when p > 1, v p
-    divides n_layer and p divides m (the interleaved schedule's condition)."""
+    """(b, m, v, schedule) for one layout: N_d b divides the global batch; v > 1 where
+    ``labkit.pipeline.analytic.interleave_allowed`` says it runs; the schedule is
+    ``default_schedule``'s."""
     for b in micro_batches:
         if global_batch % (dp * b):
             continue
         m = global_batch // (dp * b)
         for v in interleave:
-            if v == 1:
-                yield b, m, 1, ("1f1b" if m >= p else "gpipe")
-            elif p > 1 and shape.n_layer % (p * v) == 0 and m % p == 0:
-                yield b, m, v, "interleaved"
+            if interleave_allowed(shape.n_layer, p, m, v):
+                yield b, m, v, default_schedule(p, m, v)
 
 
 def pipeline_bubble(p: int, m: int, schedule: str, v: int) -> float:

@@ -5,17 +5,12 @@ logits' gather, as autograd Functions. ``layers``: column- and row-parallel line
 vocabulary-parallel embedding and cross-entropy. ``apply``: ``apply_tensor_parallel(model,
 group, sequence_parallel=False)`` on labkit's GPT. ``sync``: the end-of-backward sum of the
 sequence-parallel gradients. ``analytic``: Korthikanti et al.'s activation bytes, labkit's own,
-parameters per rank and collectives per layer.
+parameters per rank and collectives per layer. ``rules``: when sequence parallelism applies
+(torch-free, loaded at once; the rest on first use).
 """
 
-from .analytic import (RECOMPUTE, activation_bytes, collectives_per_layer, collectives_per_step,
-                       layer_comm_bytes, layer_flops, model_activation_bytes, params_per_rank)
-from .apply import (INIT_SYNCS, ParallelSelfAttention, ParallelSwiGLU, SequenceShardedEmbedding,
-                    apply_tensor_parallel, check_tp_size)
-from .comm import copy_to_tp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp
-from .layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss,
-                     column_parallel, shard_indices, vocab_parallel_cross_entropy)
-from .sync import SequenceParallelGradSync, sync_sequence_parallel_grads
+from .._lazy import lazy_exports
+from .rules import check_sequence_parallel
 
 __all__ = [
     "apply_tensor_parallel", "sync_sequence_parallel_grads", "SequenceParallelGradSync", "check_tp_size",
@@ -23,5 +18,17 @@ __all__ = [
     "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "VocabParallelLoss",
     "shard_indices", "column_parallel", "copy_to_tp", "reduce_from_tp", "reduce_scatter_to_sp", "gather_from_tp",
     "activation_bytes", "model_activation_bytes", "params_per_rank", "collectives_per_layer",
-    "collectives_per_step", "layer_flops", "layer_comm_bytes", "RECOMPUTE",
+    "collectives_per_step", "layer_flops", "layer_comm_bytes", "RECOMPUTE", "check_sequence_parallel",
 ]
+
+# ``rules`` imports no torch and loads at once; the rest on first use
+__getattr__, __dir__ = lazy_exports(__name__, {
+    ".analytic": ("RECOMPUTE", "activation_bytes", "collectives_per_layer", "collectives_per_step",
+                  "layer_comm_bytes", "layer_flops", "model_activation_bytes", "params_per_rank"),
+    ".apply": ("INIT_SYNCS", "ParallelSelfAttention", "ParallelSwiGLU", "SequenceShardedEmbedding",
+               "apply_tensor_parallel", "check_tp_size"),
+    ".comm": ("copy_to_tp", "gather_from_tp", "reduce_from_tp", "reduce_scatter_to_sp"),
+    ".layers": ("ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "VocabParallelLoss",
+                "column_parallel", "shard_indices", "vocab_parallel_cross_entropy"),
+    ".sync": ("SequenceParallelGradSync", "sync_sequence_parallel_grads"),
+})

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import all_gather_flat, reduce_scatter_flat
+from .rules import check_sequence_parallel
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "reduce_scatter_to_sp", "gather_from_tp", "all_gather_seq",
            "reduce_scatter_seq", "check_seq_divisible", "check_group", "GroupRef"]
@@ -51,9 +52,10 @@ class GroupRef:
 
 
 def check_seq_divisible(seq_len: int, tp_size: int) -> None:
-    if seq_len % tp_size:
-        raise ValueError(f"sequence length {seq_len} must be divisible by tp_size={tp_size} "
-                         "under sequence parallelism: each rank holds seq_len / tp_size positions")
+    """:func:`labkit.tensor_parallel.rules.check_sequence_parallel`'s divisibility, for a sequence
+    that sequence parallelism splits."""
+    if tp_size > 1:
+        check_sequence_parallel(True, tp_size, seq_len)
 
 
 def all_gather_seq(x: torch.Tensor, group) -> torch.Tensor:

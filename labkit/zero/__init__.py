@@ -12,8 +12,8 @@ gradients), ``FullyShardedModule`` (stage 3: and parameters), ``OffloadOptimizer
 
 from .._lazy import lazy_exports
 from .analytic import (STAGES, VOLUME_WEIGHT, OffloadSavings, analytic_comm_volume, comm_volume,
-                       offload_savings, padded_numel, shard_numel, zero_bytes_per_param,
-                       zero_model_state_bytes)
+                       check_zero, offload_savings, padded_numel, shard_numel, step_comm_volume,
+                       zero_bytes_per_param, zero_model_state_bytes)
 
 __all__ = [
     "ShardedOptimizer", "ShardedGradOptimizer", "FullyShardedModule", "OffloadOptimizer",
@@ -21,7 +21,7 @@ __all__ = [
     "save_sharded", "load_sharded", "verify_sharded", "CheckpointError",
     "shard_numel", "padded_numel", "shard_range", "FlatLayout",
     "zero_model_state_bytes", "zero_bytes_per_param", "STAGES", "VOLUME_WEIGHT", "comm_volume",
-    "analytic_comm_volume", "OffloadSavings", "offload_savings",
+    "analytic_comm_volume", "OffloadSavings", "offload_savings", "step_comm_volume", "check_zero",
 ]
 
 # the mechanisms (they need torch) load on first use, so that zero.analytic needs no torch

@@ -14,10 +14,35 @@ from dataclasses import dataclass
 from ..memory.analytic import ModelStateBytes, model_state_bytes
 from ..validate import check_choice, check_int
 
-__all__ = ["STAGES", "shard_numel", "padded_numel", "zero_model_state_bytes", "zero_bytes_per_param",
-           "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume", "OffloadSavings", "offload_savings"]
+__all__ = ["STAGES", "check_zero", "shard_numel", "padded_numel", "zero_model_state_bytes", "zero_bytes_per_param",
+           "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume", "step_comm_volume", "OffloadSavings", "offload_savings"]
 
 STAGES = (0, 1, 2, 3)
+
+
+def check_zero(zero_stage: int, replicas: int, *, offload: bool = False, offload_params: bool = False,
+               reshard_after_forward: bool = True) -> int:
+    """``zero_stage`` if it is valid over ``replicas`` ranks holding the same parameters, else a
+    ValueError naming the argument: a stage of 0-3 (over one replica ZeRO shards nothing but still
+    runs, as ZeRO-Offload does on one GPU); offloading the optimizer needs ZeRO (ZeRO-Offload: stage 1 or more); offloading the
+    parameters, or keeping them gathered from forward to backward (FSDP's
+    ``reshard_after_forward=False``), needs stage 3 (DeepSpeed's ``offload_param``). The one home of these rules."""
+    check_choice("zero_stage", zero_stage, STAGES)
+    check_int("replicas", replicas, 1)
+    for name, value in (("offload", offload), ("offload_params", offload_params),
+                        ("reshard_after_forward", reshard_after_forward)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r} must be a bool")
+    if offload and zero_stage == 0:
+        raise ValueError("offload=True (ZeRO-Offload) moves the optimizer's shard to the CPU: it needs "
+                         "zero_stage >= 1")
+    if offload_params and zero_stage != 3:
+        raise ValueError(f"offload_params=True needs zero_stage=3 (the parameters are sharded there); "
+                         f"got zero_stage={zero_stage}")
+    if not reshard_after_forward and zero_stage != 3:
+        raise ValueError(f"reshard_after_forward=False keeps ZeRO-3's gathered parameters: it needs "
+                         f"zero_stage=3; got zero_stage={zero_stage}")
+    return zero_stage
 
 
 def shard_numel(numel: int, world_size: int) -> int:
@@ -92,6 +117,27 @@ def analytic_comm_volume(n_params: int, stage: int, world_size: int = 1, group_n
             raise ValueError(f"group_numels sum to {sum(group_numels)}, not n_params={n_params}")
         psi = sum(padded_numel(n, world_size) for n in group_numels)
     return (3 if stage == 3 else 2) * psi
+
+
+def step_comm_volume(n_params: int, stage: int, num_microbatches: int = 1, *,
+                     reshard_after_forward: bool = True) -> dict:
+    """Elements a rank moves in one step of m = ``num_microbatches`` micro-batches, by collective,
+    as each stage communicates (labkit's, DeepSpeed's and FSDP's): stages 0-1 reduce the
+    accumulated gradients once a step (2Ψ: an all-reduce, or a reduce-scatter and the all-gather of
+    the updated shards); stage 2 reduce-scatters after every micro-batch's backward (mΨ) and gathers
+    the updated parameters once (Ψ); stage 3 gathers the parameters for every forward and again for
+    every backward and reduce-scatters every backward (3mΨ; 2mΨ when the gathered parameters are
+    kept from forward to backward, ``reshard_after_forward=False``). Weighted as
+    :data:`VOLUME_WEIGHT` (an all-reduce counts 2)."""
+    check_choice("stage", stage, STAGES)
+    psi, m = check_int("n_params", n_params, 0), check_int("num_microbatches", num_microbatches, 1)
+    if not isinstance(reshard_after_forward, bool):
+        raise TypeError(f"reshard_after_forward={reshard_after_forward!r} must be a bool")
+    if stage <= 1:
+        return {"reduce_scatter": psi, "all_gather": psi}
+    if stage == 2:
+        return {"reduce_scatter": m * psi, "all_gather": psi}
+    return {"reduce_scatter": m * psi, "all_gather": (2 if reshard_after_forward else 1) * m * psi}
 
 
 @dataclass(frozen=True)
