@@ -75,3 +75,27 @@ def parallelize_rank(rank, world_size, cases, cfg="tiny", global_batch=8, steps=
     except ValueError as err:
         out["wrong_world"] = str(err)
     return out
+
+
+def counted_step_rank(rank, world_size, cases, cfg, global_batch=8, seed=0):
+    """Per case (zero_stage, num_microbatches): the collectives of one step, counted by CommCounter
+    on this rank (the second step: the first may differ by its setup), and the model's parameter count."""
+    from labkit.comm_counter import CommCounter
+
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    out = []
+    for zero_stage, m in cases:
+        torch.manual_seed(seed)
+        model = build_model(cfg).double()
+        n_params = sum(p.numel() for p in model.parameters())
+        dims = ParallelDims(dp_size=world_size)
+        pm = parallelize_gpt(model, dims, dims.build_mesh("cpu"), zero_stage=zero_stage, num_microbatches=m)
+        opt = pm.build_optimizer(torch.optim.SGD, lr=0.1)
+        for k in range(2):
+            x, y = make_batch(cfg, global_batch, seed + k)
+            with CommCounter() as comm:
+                opt.zero_grad(set_to_none=True)
+                pm.forward_backward(*pm.shard_batch(x, y))
+                opt.step()
+        out.append({"zero_stage": zero_stage, "m": m, "n_params": n_params, "comm": comm.stats.as_dict()})
+    return out

@@ -103,7 +103,7 @@ def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp
         flash = attention == "flash" and recompute == "none"
         kept = korthikanti_activation_bytes(seq_len, micro_batch, shape.d_model, shape.n_head, tp_size,
                                             sequence_parallel, "selective" if flash else recompute)
-        lse = lse_bytes(seq_len, micro_batch, shape.n_head // tp_size) if attention == "flash" and recompute != "full" else 0
+        lse = lse_bytes(seq_len, micro_batch, shape.n_head // tp_size) if attention == "flash" and recompute == "none" else 0
         return round(e * kept) + lse
     return sum(llama_layer_bytes(seq_len, micro_batch, shape.d_model, shape.n_head, shape.kv_heads,
                                  shape.ffn_dim, dtype_bytes=dtype_bytes, tp_size=tp_size,

@@ -172,9 +172,9 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
     SwiGLU keeps its gate, SiLU, up and their product (4 sbf e). Sequence parallelism divides the
     norms' terms by t too; "selective" (labkit's policy: the attention core checkpointed) drops the
     softmax and keeps the core's q, k, v as they are passed, views included; "full" keeps the block
-    input (u, /t with SP). ``attention="flash"``: a fused kernel keeps q, the n_kv key and value
-    heads it reads (no repeat), its output (c_proj's input) and a fp32 log-sum-exp per row
-    (4 a s b), never the scores (:data:`ATTENTION`).
+    input (u, /t with SP). ``attention="flash"``: labkit's FlashAttention core in place of the
+    softmax (``labkit.flash_attention.apply_flash_attention``): no scores; its output O and a fp32
+    log-sum-exp per row (4 a s b) instead, the keys and values as it receives them (:data:`ATTENTION`).
     """
     s, b, h, a, kv, f, t = (check_int(n, v, 1) for n, v in (
         ("seq_len", seq_len), ("batch_size", batch_size), ("d_model", d_model), ("n_head", n_head),
@@ -205,16 +205,21 @@ def llama_layer_bytes(seq_len: int, batch_size: int, d_model: int, n_head: int, 
     if recompute == "selective" or attention == "flash":
         terms.pop("softmax output (a s^2 b e / t)")
     if attention == "flash":
-        terms = _flash_terms(terms, kv * token, s, b, a)
+        terms.update(_flash_terms(token, s, b, a, kv, kept_by_core=recompute != "selective"))
     return terms
 
 
-def _flash_terms(terms: dict, kv_bytes: int, s: int, b: int, a: int) -> dict:
-    """The Llama block's terms under a fused attention kernel: its key and value heads as read
-    (n_kv of them, no repeat) and its fp32 log-sum-exp (a s b, this rank's heads)."""
-    terms = {k: v for k, v in terms.items() if not k.startswith(("keys for", "values for"))}
-    terms["keys and values the kernel reads (2 s b n_kv hd e / t)"] = 2 * kv_bytes
-    terms["log-sum-exp (4 a s b / t)"] = lse_bytes(s, b, a)
+def _flash_terms(token: int, s: int, b: int, a: int, kv: int, kept_by_core: bool) -> dict:
+    """What the Llama block keeps around labkit's FlashAttention core (``apply_flash_attention``),
+    which saves q, k, v, its output O and its fp32 log-sum-exp L: the keys and values as
+    ``repeat_kv`` hands them over (a copy of a heads; with nothing to repeat, or one KV head, the
+    rotated k as a view and a view of the qkv output), and, unless the core is checkpointed
+    (selective recomputation keeps its inputs only), O and L (4 a s b)."""
+    view = kv in (a, 1)
+    terms = {"keys for the core (sbh e / t; one KV head at b = 1: sbh e / a)": (kv if view else a) * token,
+             "values for the core (sbh e / t, or the qkv output it views)": ((a + 2 * kv) if view else a) * token}
+    if kept_by_core:
+        terms.update({"attention output O (sbh e / t)": a * token, "log-sum-exp (4 a s b / t)": lse_bytes(s, b, a)})
     return terms
 
 
