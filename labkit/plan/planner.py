@@ -139,6 +139,17 @@ def _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, memory_fr
                 check_choice(name, x, valid)
 
 
+def _check_options(*, precision, optimizer, attention, nvlink_gbps, network_gbps, **flags) -> None:
+    check_choice("precision", precision, tuple(PRECISIONS))
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_choice("attention", attention, ATTENTION)
+    for name, value in flags.items():
+        check_bool(name, value)
+    for name, value in (("nvlink_gbps", nvlink_gbps), ("network_gbps", network_gbps)):
+        if value is not None:
+            check_positive(name, value)
+
+
 def _peak_dtype(g, precision: str) -> str:
     """The dtype whose dense peak MFU is taken against: the precision's half type; for fp32, bf16
     (or fp16 on a GPU without bf16), as before. A bf16 precision needs a bf16 peak on ``g``."""
@@ -184,18 +195,11 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     ``(n, n, TrainingPlans)`` (a page's calculator gives the browser its turn between steps).
     """
     g, shape = get_gpu(gpu), check_trainable(as_shape(shape))
-    check_choice("precision", precision, tuple(PRECISIONS))
-    check_choice("optimizer", optimizer, OPTIMIZERS)
-    check_choice("attention", attention, ATTENTION)
-    for name, value in (("even_stages", even_stages), ("include_infeasible", include_infeasible),
-                        ("stepwise", stepwise), ("overlap_grad_reduce", overlap_grad_reduce),
-                        ("include_unrunnable", include_unrunnable)):
-        check_bool(name, value)
-    for name, value in (("nvlink_gbps", nvlink_gbps), ("network_gbps", network_gbps)):
-        if value is not None:
-            check_positive(name, value)
     _check(num_gpus, gpus_per_node, seq_len, global_batch, efficiency, memory_fraction,
            micro_batches, zero_stages, recompute, sequence_parallel, interleave, offload)
+    _check_options(precision=precision, optimizer=optimizer, attention=attention, even_stages=even_stages,
+                   include_infeasible=include_infeasible, stepwise=stepwise, overlap_grad_reduce=overlap_grad_reduce,
+                   include_unrunnable=include_unrunnable, nvlink_gbps=nvlink_gbps, network_gbps=network_gbps)
     cps = cp_degrees(seq_len, num_gpus, context_parallel)
     shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
     base = RunConfig(seq_len=seq_len, precision=precision, optimizer=optimizer, attention=attention,
