@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .validate import check_bool, check_choice, check_float, check_int
 
-__all__ = ["GATED", "ShapeProperties", "check_shape", "features"]
+__all__ = ["layer_split", "GATED", "ShapeProperties", "check_shape", "features"]
 
 GATED = ("swiglu", "geglu")  # MLPs with a gate: three matrices
 
@@ -52,6 +52,20 @@ class ShapeProperties:
         weights += (3 if self.mlp in GATED else 2) * h * self.ffn_dim  # 8 h² for GPT-2's MLP
         layer_forward = 2 * B * s * weights + 4 * B * s * s * ahd
         return (4 if recompute else 3) * L * layer_forward + 6 * B * s * h * V
+
+    def stage_ranges(self, pp_size: int = 1, stage: int = 0, v: int = 1) -> list[tuple[int, int]]:
+        """The layer ranges [start, stop) rank ``stage`` of ``pp_size`` holds: its v chunks, chunk
+        j being virtual stage stage + j p of v p, sized by :func:`layer_split` (the first
+        n_layer mod v p one layer more)."""
+        p = check_int("pp_size", pp_size, 1, self.n_layer)
+        check_int("stage", stage, 0, p - 1)
+        sizes = layer_split(self.n_layer, p * check_int("v", v, 1, self.n_layer // p))
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        return [(starts[k], starts[k] + sizes[k]) for k in range(stage, p * v, p)]
+
+    def stage_layers(self, pp_size: int = 1, stage: int = 0, v: int = 1) -> int:
+        """Blocks of pipeline ``stage`` of ``pp_size`` (with ``v`` chunks a rank, of all its chunks)."""
+        return sum(stop - start for start, stop in self.stage_ranges(pp_size, stage, v))
 
 
 def check_shape(shape) -> None:
@@ -127,3 +141,12 @@ def features(shape) -> tuple:
              ("attention sinks", shape.attn_sinks), ("GeGLU", shape.mlp == "geglu"),
              ("per-layer windows", shape.full_attention_every), ("chunked attention", shape.chunked_attention))
     return tuple(name for name, present in named if present)
+
+
+def layer_split(n_layer: int, parts: int) -> list[int]:
+    """Layers of each of ``parts`` consecutive pieces of ``n_layer`` (pipeline stages, or the v p
+    virtual stages of an interleaved schedule): n_layer // parts each, the first n_layer mod
+    parts one more. The one rule: the estimator, the planner and ``labkit.pipeline.split_stages``
+    (unless given costs) split by it."""
+    check_int("parts", parts, 1, check_int("n_layer", n_layer, 1))
+    return [n_layer // parts + (1 if k < n_layer % parts else 0) for k in range(parts)]

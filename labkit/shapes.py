@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from .hf_config import HF_CONFIG_FIELDS, shape_fields
 from .released_configs import RELEASED
-from .shape_rules import GATED, ShapeProperties, check_shape, features
+from .shape_rules import GATED, ShapeProperties, check_shape, features, layer_split
 from .validate import check_int
 
-__all__ = ["ModelShape", "ShapeProperties", "PRESETS", "preset", "HF_CONFIG_FIELDS"]
+__all__ = ["ModelShape", "ShapeProperties", "PRESETS", "preset", "HF_CONFIG_FIELDS", "layer_split"]
 
 
 @dataclass(frozen=True)
@@ -197,15 +197,9 @@ class ModelShape(ShapeProperties):
         return (dense * self._block_params(t, False) if dense else 0) + \
             (moe * self._block_params(t, True) if moe else 0)
 
-    def stage_layers(self, pp_size: int = 1, stage: int = 0) -> int:
-        """Blocks of pipeline ``stage`` of ``pp_size``: n_layer / p, the first n_layer mod p stages
-        one more (with v chunks a rank, the same total)."""
-        p = check_int("pp_size", pp_size, 1, self.n_layer)
-        check_int("stage", stage, 0, p - 1)
-        return self.n_layer // p + (1 if stage < self.n_layer % p else 0)
-
-    def stage_params(self, tp_size: int = 1, pp_size: int = 1, stage: int = 0) -> int:
-        """Parameters one rank of pipeline ``stage`` holds under tensor parallelism ``tp_size``.
+    def stage_params(self, tp_size: int = 1, pp_size: int = 1, stage: int = 0, v: int = 1) -> int:
+        """Parameters one rank of pipeline ``stage`` holds under tensor parallelism ``tp_size``
+        (its ``v`` chunks' layers, :meth:`stage_ranges`).
 
         The first stage holds the token embedding (and position table), the last the final norm
         and the output head; with tied embeddings and p > 1 the last stage holds its own copy of
@@ -214,8 +208,7 @@ class ModelShape(ShapeProperties):
         """
         t = self.check_tp_size(tp_size)
         p = check_int("pp_size", pp_size, 1, self.n_layer)
-        first = stage * (self.n_layer // p) + min(stage, self.n_layer % p)
-        n = self._layers_params(t, first, first + self.stage_layers(p, stage))
+        n = sum(self._layers_params(t, start, stop) for start, stop in self.stage_ranges(p, stage, v))
         head = self.vocab_rows(t) * self.d_model  # the output head, or a tied embedding's copy
         if stage == 0:
             n += self.embedding_params(t) - (0 if self.tie_embeddings or p == 1 else head)

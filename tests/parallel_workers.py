@@ -60,7 +60,7 @@ def parallelize_rank(rank, world_size, cases, cfg="tiny", global_batch=8, steps=
     """Every case of ``cases`` ((dp, tp, pp), parallelize_gpt's keywords), one after the other, and
     a mesh built for the wrong number of ranks; the one-process losses as "ref_losses"."""
     torch.set_num_threads(1)
-    cfg = get_preset(cfg)
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr, torch.float64)
     _, start_model = reference_train(cfg, global_batch, 0, seed, lr, torch.float64)
     refs = (ref_losses, ref_model, start_model)

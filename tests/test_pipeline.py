@@ -11,6 +11,8 @@ import itertools
 
 import pytest
 import torch
+
+from labkit.shapes import ModelShape
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -116,6 +118,15 @@ def test_split_by_cost_and_interleaved_chunks():
     model = build_model(CFG)
     assert split_stages(model, 2, costs=[1, 1, 1, 1, 1, 5]) == [(0, 5), (5, 6)]
     assert split_stages(model, 3, v=2) == [(k, k + 1) for k in range(6)]
+    # v p not dividing n_layer: the first L mod v p chunks one layer more, as the estimator counts
+    assert split_stages(model, 2, v=2) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    assert ModelShape.from_config(CFG).stage_ranges(2, 0, v=2) == [(0, 2), (4, 5)]
+    # costs are honoured with v > 1 too: the expensive last layer gets a chunk of its own
+    for costs in ([1, 1, 1, 1, 1, 5], [5, 1, 1, 1, 1, 1]):
+        ranges = split_stages(model, 2, v=2, costs=costs)
+        heavy = costs.index(5)
+        assert len(ranges) == 4 and (heavy, heavy + 1) in ranges  # alone: no chunk costs more than 5
+        assert [a for a, _ in ranges[1:]] == [b for _, b in ranges[:-1]] and ranges[0][0] == 0
     chunks = build_chunks(model, split_stages(model, 3, v=2), 3, rank=1)
     assert [(c.start, c.stop) for c in chunks] == [(1, 2), (4, 5)]
     assert not chunks[0].first and not chunks[1].last
@@ -129,7 +140,7 @@ def test_split_by_cost_and_interleaved_chunks():
 
 @pytest.mark.parametrize("call,match", [
     (lambda m: split_stages(m, 7), "pp_size=7 x v=1 stages exceed the model's n_layer=6"),
-    (lambda m: split_stages(m, 2, v=2), "v=2 chunks x pp_size=2 must divide n_layer=6"),
+    (lambda m: split_stages(m, 4, v=2), "pp_size=4 x v=2 stages exceed the model's n_layer=6"),
     (lambda m: split_stages(m, 2, costs=[1, 2]), "n_layer=6"),
     (lambda m: split_stages(m, 0), "pp_size=0"),
     (lambda m: split_stages(m, 2, costs=[1, 1, float("inf"), 1, 1, 1]), r"costs\[2\]=inf"),

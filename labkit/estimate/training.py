@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from ..memory.analytic import (ATTENTION, RECOMPUTE, embedding_bytes, head_bytes, korthikanti_activation_bytes,
                                llama_layer_bytes, lse_bytes)
 from ..pipeline.analytic import max_in_flight
-from ..pipeline.schedules import SCHEDULES
+from ..pipeline.schedules import make_schedule, peak_layers_in_flight
 from ..shapes import ModelShape, preset
 from ..validate import check_bool, check_choice, check_int
 from ..zero.analytic import STAGES, zero_model_state_bytes
@@ -168,7 +168,7 @@ def _as_run(run, knobs: dict):
 def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
     policy, e = PRECISIONS[run.precision]
     tp, pp, cp, sp, v = run.tp_size, run.pp_size, run.cp_size, run.sequence_parallel, run.v
-    n_params = shape.stage_params(tp, pp, stage)
+    n_params = shape.stage_params(tp, pp, stage, v)
     states = zero_model_state_bytes(n_params, run.replicas, run.zero_stage, policy, run.optimizer)
     s, b, t = run.seq_len // cp, run.micro_batch, tp
     layer = dict(sequence_parallel=sp, dtype_bytes=e, attention=run.attention)
@@ -177,7 +177,7 @@ def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
     # Under 1F1B with m >= p that is p - stage: stage 0 keeps p x L/p = L layers' worth of
     # activations whatever p is, so pipelining divides the model states but not stage 0's activations.
     in_flight = max_in_flight(pp, run.num_microbatches, run.schedule, v, stage)
-    activations = in_flight * shape.stage_layers(pp, stage) * kept // v
+    activations = _layers_in_flight(shape, run, stage, in_flight) * kept
     transient = _transient(shape, run, stage, s, b, e, layer, policy)
     if stage == 0:  # the embedding's position indices and, under TP, its ids and mask
         activations += in_flight * embedding_bytes(s, b, pos=shape.pos, tp_size=t)
@@ -197,6 +197,17 @@ def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
     return MemoryEstimate(params, states.grads, states.optimizer, activations, transient, stage, offloaded=offloaded)
 
 
+def _layers_in_flight(shape, run, stage: int, in_flight: int) -> int:
+    """The most layers' activations rank ``stage`` holds at once: ``in_flight`` chunk-forwards of
+    equal chunks, or, when v p does not divide n_layer, the peak over its schedule's actions."""
+    ranges = shape.stage_ranges(run.pp_size, stage, run.v)
+    sizes = [stop - start for start, stop in ranges]
+    if len(set(sizes)) == 1:
+        return in_flight * sizes[0]
+    actions = make_schedule(run.schedule, run.pp_size, run.num_microbatches, run.v)[stage]
+    return peak_layers_in_flight(actions, sizes)
+
+
 def _transient(shape, run, stage: int, s: int, b: int, e: int, layer: dict, policy: str) -> int:
     """The peaks above what a rank keeps: a layer recomputed in full, ZeRO-3's gathered parameters
     (one layer's and their gradients; the whole stage's with ``reshard_after_forward=False``), the
@@ -209,7 +220,7 @@ def _transient(shape, run, stage: int, s: int, b: int, e: int, layer: dict, poli
         one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, run.optimizer)
         transient += one.params + one.grads
         if not run.reshard_after_forward:  # the stage's parameters stay gathered until their backward
-            n = shape.stage_params(t, run.pp_size, stage)
+            n = shape.stage_params(t, run.pp_size, stage, run.v)
             full = zero_model_state_bytes(n, 1, 0, policy, run.optimizer)
             shard = zero_model_state_bytes(n, run.replicas, 3, policy, run.optimizer)
             transient += full.params - shard.params

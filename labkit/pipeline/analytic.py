@@ -67,17 +67,17 @@ def default_schedule(pp_size: int, num_microbatches: int, v: int = 1) -> str:
 
 
 def interleave_allowed(n_layer: int, pp_size: int, num_microbatches: int, v: int) -> bool:
-    """Whether v > 1 chunks a rank can run: p > 1, v p divides n_layer (chunks of equal layer
-    counts) and p divides m (micro-batches enter in groups of p). The rule :func:`check_pipeline`
-    enforces; the planner's sweep asks it before sizing a configuration."""
-    return v == 1 or (pp_size > 1 and n_layer % (pp_size * v) == 0 and num_microbatches % pp_size == 0)
+    """Whether v > 1 chunks a rank can run: p > 1, a layer or more a chunk (v p <= n_layer; the
+    chunks need not be equal: ``labkit.shapes.layer_split``) and p dividing m (micro-batches enter
+    in groups of p). The rule :func:`check_pipeline` enforces; the planner's sweep asks it."""
+    return v == 1 or (pp_size > 1 and pp_size * v <= n_layer and num_microbatches % pp_size == 0)
 
 
 def check_pipeline(n_layer: int, pp_size: int, num_microbatches: int, v: int = 1,
                    schedule: str | None = None) -> str:
     """The schedule of a valid pipeline (``schedule``, or :func:`default_schedule`'s), else a
-    ValueError naming the argument: p at most n_layer; v > 1 only interleaved, with p > 1, v p
-    dividing n_layer and p dividing m; GPipe and 1F1B with v = 1. The one home of these rules."""
+    ValueError naming the argument: p at most n_layer; v > 1 only interleaved, with p > 1, v p at
+    most n_layer and p dividing m; GPipe and 1F1B with v = 1. The one home of these rules."""
     p, m = pp_size, num_microbatches
     _check(p, m, v)
     check_int("n_layer", n_layer, 1)
@@ -89,6 +89,6 @@ def check_pipeline(n_layer: int, pp_size: int, num_microbatches: int, v: int = 1
     if (schedule == "interleaved") != (v > 1) and not (schedule == "interleaved" and v == 1):
         raise ValueError(f"v={v} chunks a rank need schedule='interleaved' (and v > 1); got {schedule!r}")
     if not interleave_allowed(n_layer, p, m, v):
-        raise ValueError(f"v={v} chunks a rank need pp_size > 1 (got {p}), v x pp_size = {v * p} dividing "
+        raise ValueError(f"v={v} chunks a rank need pp_size > 1 (got {p}), v x pp_size = {v * p} at most "
                          f"n_layer={n_layer} and pp_size dividing num_microbatches={m}")
     return schedule

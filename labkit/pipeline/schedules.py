@@ -15,7 +15,7 @@ from typing import NamedTuple
 from ..validate import check_choice, check_int
 
 __all__ = ["Action", "schedule_gpipe", "schedule_1f1b", "schedule_interleaved", "make_schedule",
-           "peak_in_flight", "SCHEDULES"]
+           "peak_in_flight", "peak_layers_in_flight", "SCHEDULES"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -106,5 +106,16 @@ def peak_in_flight(actions: list[Action]) -> int:
     live = peak = 0
     for a in actions:
         live += 1 if a.kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def peak_layers_in_flight(actions: list[Action], chunk_layers: list[int]) -> int:
+    """The most layers' activations a rank holds at once over its action list: the sum, over the
+    forwards awaiting their backward, of their chunk's layers (``chunk_layers[c]`` for chunk c).
+    With chunks of equal size it is :func:`peak_in_flight` times that size."""
+    live = peak = 0
+    for a in actions:
+        live += chunk_layers[a.chunk] if a.kind == "F" else -chunk_layers[a.chunk]
         peak = max(peak, live)
     return peak

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from ..shapes import layer_split
 from ..validate import check_float, check_int
 
 __all__ = ["split_stages", "StageChunk", "build_chunks"]
@@ -58,7 +59,8 @@ def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None =
     """Layer ranges ``(start, stop)`` of the v p virtual stages, in pipeline order.
 
     v = 1: balanced by parameter count (embedding on stage 0, final LayerNorm and output layer on
-    the last) or by ``costs``, one number per layer; v > 1: v p equal ranges (needs v p | L).
+    the last) or by ``costs``, one number per layer; v > 1: balanced by ``costs`` when given, else
+    ``labkit.shapes.layer_split``'s v p ranges (equal, the first L mod v p one layer more).
     """
     L = len(model.blocks)
     check_int("pp_size", pp_size, 1)
@@ -66,14 +68,12 @@ def split_stages(model, pp_size: int, *, v: int = 1, costs: list[float] | None =
     if pp_size * v > L:
         raise ValueError(f"pp_size={pp_size} x v={v} stages exceed the model's n_layer={L}: "
                          "each stage needs at least one layer")
-    if v > 1:
-        if L % (pp_size * v):
-            raise ValueError(f"v={v} chunks x pp_size={pp_size} must divide n_layer={L}")
-        size = L // (pp_size * v)
-        return [(k * size, (k + 1) * size) for k in range(pp_size * v)]
     if costs is not None:
         _check_costs(costs, L)
-        return _partition([float(c) for c in costs], 0.0, 0.0, pp_size)
+        return _partition([float(c) for c in costs], 0.0, 0.0, pp_size * v)
+    if v > 1:
+        sizes = layer_split(L, pp_size * v)
+        return [(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(pp_size * v)]
     per_layer = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
     first = sum(m.weight.numel() for m in (model.wte, model.wpe) if m is not None)  # rotary: no wpe
     last = sum(p.numel() for p in model.ln_f.parameters()) + model.lm_head.weight.numel()

@@ -185,7 +185,7 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     ``nvlink_gbps``: inside a node (default half the table's total); ``dtype``: the peak MFU is
     taken against (default: the precision's); ``attention``: "flash" (default) or "eager";
     ``overlap_grad_reduce``: the gradient reduction hides under the backward; ``even_stages``: p
-    divides n_layer; ``include_infeasible``: ``plans`` keeps what does not fit too. Step time:
+    (and v p) divide n_layer; ``include_infeasible``: ``plans`` keeps what does not fit too. Step time:
     :mod:`labkit.plan.steptime`.
 
     ``context_parallel``: the cp degrees to weigh (ring attention, zigzag layout), a tuple such as
@@ -208,7 +208,7 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
                peak=peak_flops(g, dtype or _peak_dtype(g, precision)), efficiency=efficiency,
                nvlink_gbps=g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps,
                network_gbps=g.network_gbps if network_gbps is None else network_gbps,
-               limit=int(memory_fraction * g.memory_bytes), unrunnable=include_unrunnable,
+               limit=int(memory_fraction * g.memory_bytes), unrunnable=include_unrunnable, even_stages=even_stages,
                flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
     grid = [(t, cp, p, dp) for cp in cps for t, p, dp in layouts(shape, num_gpus // cp, gpus_per_node, even_stages)]
     steps = _sweep(ctx, grid, dict(micro_batches=micro_batches, interleave=interleave, zero_stages=zero_stages,
@@ -262,7 +262,8 @@ def _layout_plans(ctx, t, cp, p, dp, refused, *, micro_batches, interleave, zero
     and, unless asked, that labkit runs (``refused`` counts the others by reason)."""
     shape = ctx["shape"]
     degrees = dict(tp_size=t, cp_size=cp, pp_size=p, dp_size=dp)
-    for b, m, v, schedule in pipeline_choices(shape, p, dp, ctx["global_batch"], micro_batches, interleave):
+    for b, m, v, schedule in pipeline_choices(shape, p, dp, ctx["global_batch"], micro_batches, interleave,
+                                              ctx["even_stages"]):
         for rc, sp in ((rc, sp) for rc in recompute for sp in sequence_parallel
                        if not (sp and (t == 1 or shape.seq_len % (t * cp)))):
             for z, off in _zero_choices(zero_stages, offload, dp * cp):

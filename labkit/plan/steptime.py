@@ -154,7 +154,7 @@ def step_time(run, shape, *, num_gpus: int, gpus_per_node: int, peak: float, eff
     collectives = (6 if run.recompute == "full" else 4) * layers * m
     tensor = collectives * 2 * (t - 1) / t * message
     pipe = 2 * m * v * message / t if p > 1 else 0.0
-    data, data_steps = _data_traffic(run, shape.stage_params(t, p, 0), layers)
+    data, data_steps = _data_traffic(run, shape.stage_params(t, p, 0, v), layers)
     ring, ring_s = ring_step(shape, tp_size=t, cp_size=cp, micro_batch=run.micro_batch, recompute=run.recompute,
                              flops_per_s=peak * efficiency, link_gbps=links["context"][0])
     tensor_s, pipe_s = tensor / nvlink_gbps / 1e9, pipe / links["pipeline"][0] / 1e9
@@ -164,7 +164,7 @@ def step_time(run, shape, *, num_gpus: int, gpus_per_node: int, peak: float, eff
     latency = (collectives * 2 * (t - 1) * links["tensor"][1] + (2 * m * v if p > 1 else 0) * links["pipeline"][1]
                + data_steps * links["data"][1])
     context, context_s = layers * m * ring, layers * m * ring_s
-    shard = -(-shape.stage_params(t, p, 0) // run.replicas)  # ZeRO-Offload moves a rank's shard (stage >= 1)
+    shard = -(-shape.stage_params(t, p, 0, v) // run.replicas)  # ZeRO-Offload moves a rank's shard (stage >= 1)
     offload_s = 2 * shard * 2 / pcie_gbps / 1e9 if run.offload else 0.0
     total = compute + tensor_s + pipe_s + context_s + data_s + offload_s + latency
     return StepTime(compute, bubble, tensor_s, pipe_s, data_s, context_s, offload_s,

@@ -78,16 +78,16 @@ def layouts(shape, num_gpus: int, gpus_per_node: int, even_stages: bool = False)
     return out
 
 
-def pipeline_choices(shape, p: int, dp: int, global_batch: int, micro_batches, interleave):
+def pipeline_choices(shape, p: int, dp: int, global_batch: int, micro_batches, interleave, even_stages=False):
     """(b, m, v, schedule) for one layout: N_d b divides the global batch; v > 1 where
-    ``labkit.pipeline.analytic.interleave_allowed`` says it runs; the schedule is
-    ``default_schedule``'s."""
+    ``labkit.pipeline.analytic.interleave_allowed`` says it runs (``even_stages``: and the v p
+    chunks are equal); the schedule is ``default_schedule``'s."""
     for b in micro_batches:
         if global_batch % (dp * b):
             continue
         m = global_batch // (dp * b)
         for v in interleave:
-            if interleave_allowed(shape.n_layer, p, m, v):
+            if interleave_allowed(shape.n_layer, p, m, v) and not (even_stages and shape.n_layer % (p * v)):
                 yield b, m, v, default_schedule(p, m, v)
 
 
