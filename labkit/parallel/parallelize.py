@@ -36,6 +36,7 @@ from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
 from ..zero import FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer
 from .dims import AXES, ParallelDims
+from .experts import ExpertDataParallel, check_experts_combination, shard_experts
 from .zero3 import ShardedSequenceSum, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
@@ -78,7 +79,7 @@ class ParallelModel:
     """
 
     def __init__(self, model, dims, mesh, *, sequence_parallel, zero_stage, num_microbatches, v,
-                 chunks, ranges, actions):
+                 chunks, ranges, actions, expert_replicas=None):
         self.model, self.dims, self.mesh, self.zero_stage = model, dims, mesh, zero_stage
         self.sequence_parallel, self.chunks, self.ranges = sequence_parallel, chunks, ranges
         self.num_microbatches, self.v = num_microbatches, v
@@ -92,7 +93,9 @@ class ParallelModel:
         self.fsdp_chunks, self._tied = [], model.wte.weight
         self._act_dtype = model.wte.weight.dtype
         self.last_losses = []  # the micro-batch losses of the last forward_backward (last stage)
-        if zero_stage == 0 and dims.dp_size > 1:
+        if expert_replicas is not None:  # experts sharded over "ep": their own reduction (.experts)
+            self.data_parallel = ExpertDataParallel(model, self.group["dp"], expert_replicas)
+        elif zero_stage == 0 and dims.dp_size > 1:
             self.data_parallel = DataParallelBucketed(model, group=self.group["dp"])
         if zero_stage == 3:
             self._shard_fully(model, type(model.blocks[0]))
@@ -235,7 +238,9 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     parallelism, ZeRO-2/3 or checkpointing (not composed yet); ``sequence_parallel`` without
     tp > 1; ZeRO-3 with checkpointing. ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps
     each chunk over "dp"; the tied embedding's shards line up at the two ends, which sum them) and
-    with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`.
+    with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`. A model with
+    experts composes with data parallelism (ZeRO stage 0) and ``dims.ep_size`` (experts sharded over
+    groups of ep data-parallel ranks, :mod:`.experts`); everything else is refused by name.
     """
     check_bool("sequence_parallel", sequence_parallel)
     check_int("zero_stage", zero_stage, 0, 3)
@@ -245,6 +250,7 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     check_int("v", v, 1)
     _check_mesh(dims, mesh)
     _check_combination(dims, sequence_parallel, zero_stage, checkpoint)
+    check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
         raise ValueError(f"schedule={schedule!r}, v={v} need pp_size > 1; with one stage the m micro-batches "
                          "run one after another (gradient accumulation)")
@@ -260,5 +266,7 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     if checkpoint != "none":
         apply_checkpointing(model, checkpoint)
     chunks = build_chunks(model, ranges, pp, stage) if pp > 1 else None
+    replicas = shard_experts(model, dims, mesh.get_group("dp"))  # ep_size > 1: experts over "ep"
     return ParallelModel(model, dims, mesh, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
-                         num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions)
+                         num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions,
+                         expert_replicas=replicas)
