@@ -70,9 +70,9 @@ def reference_train(name, world):
     return model, losses
 
 
-def _train_rank(name, dims):
+def _train_rank(name, dims, zero_stage):
     mesh = dims.build_mesh("cpu")
-    pm = parallelize_gpt(make_model(name), dims, mesh)
+    pm = parallelize_gpt(make_model(name), dims, mesh, zero_stage=zero_stage)
     opt, gamma, losses, counted = pm.build_optimizer(torch.optim.SGD, lr=LR), CONFIGS[name][1], [], None
     for step in range(STEPS):
         x, y = batch(step, dims.world_size)
@@ -102,8 +102,8 @@ def _all_to_all_grad(rank, world):
 
 
 def ep_rank(rank, world_size, runs):
-    """Each (config name, dp_size, ep_size) of ``runs`` trained; then the all-to-all's gradient."""
-    out = {run: _train_rank(run[0], ParallelDims(dp_size=run[1], ep_size=run[2])) for run in runs}
+    """Each (config name, dp_size, ep_size, zero_stage) of ``runs`` trained; then the all-to-all's gradient."""
+    out = {run: _train_rank(run[0], ParallelDims(dp_size=run[1], ep_size=run[2]), run[3]) for run in runs}
     out["all_to_all"] = _all_to_all_grad(rank, world_size)
     dist.barrier()
     return out

@@ -20,7 +20,10 @@ from labkit.parallel import ParallelDims
 
 pytestmark = pytest.mark.xdist_group("dist:expert_parallel")
 
-RUNS = {2: [("mixtral", 2, 2)], 4: [("mixtral", 4, 4), ("deepseek", 4, 2)]}  # (config, dp_size, ep_size)
+RUNS = {  # (config, dp_size, ep_size, zero_stage); ep_size=1: experts replicated, plain data parallelism
+    2: [("mixtral", 2, 2, 0), ("deepseek", 2, 1, 0)],
+    4: [("mixtral", 4, 4, 0), ("deepseek", 4, 2, 0), ("deepseek", 4, 2, 1)],
+}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
@@ -38,12 +41,12 @@ def _close(actual, expected):
 
 def test_training_with_sharded_experts_equals_one_process(ranks):
     world, results = ranks
-    for name, dp, ep in RUNS[world]:
+    for name, dp, ep, zero in RUNS[world]:
         ref, ref_losses = reference_train(name, world)
         ref_state = dict(ref.named_parameters())
         n_local = experts_per_rank(CONFIGS[name][0].n_experts, ep)
         for rank, res in enumerate(results):
-            mine = res[(name, dp, ep)]
+            mine = res[(name, dp, ep, zero)]
             for step in range(STEPS):
                 _close(torch.tensor(mine["losses"][step]), torch.tensor(ref_losses[step][rank]))
             j = mine["ep_index"]
@@ -77,10 +80,12 @@ def test_all_to_all_gradient_equals_the_one_process_gradient(ranks):
 
 def test_comm_counter_sees_the_formulas_all_to_all_bytes(ranks):
     world, results = ranks
-    for name, dp, ep in RUNS[world]:
+    for name, dp, ep, zero in RUNS[world]:
+        if ep == 1:
+            continue  # no all-to-all: experts replicated
         cfg = CONFIGS[name][0]
         groups, _ = ParallelDims(dp_size=dp, ep_size=ep).expert_groups()
-        counted = [res[(name, dp, ep)]["counted"] for res in results]
+        counted = [res[(name, dp, ep, zero)]["counted"] for res in results]
         n_layers = len(counted[0][1])
         # the counter reads both buffers of a call, sent and received: twice the bytes sent
         expected = 2 * sum(all_to_all_bytes(sum(counted[r][1][i] for r in g), cfg.d_model, cfg.n_experts, ep, 8)
@@ -92,3 +97,44 @@ def test_comm_counter_sees_the_formulas_all_to_all_bytes(ranks):
         else:  # the capacity dropped rows on some rank
             assert any(k < dispatched_rows(SEQS_PER_RANK * cfg.seq_len, cfg.experts_per_token)
                        for _, kept in counted for k in kept)
+
+
+def test_ep_groups_are_taken_from_the_data_parallel_ranks():
+    dims = ParallelDims(dp_size=4, tp_size=2, ep_size=2)
+    assert dims.world_size == 8 and dims.sizes == (4, 1, 1, 2)  # ep adds no rank and no mesh axis
+    groups, replicas = dims.expert_groups()
+    # dp index d = r ep + j; tp innermost: global rank = 2 d + t
+    assert groups == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert replicas == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert sorted(r for g in groups for r in g) == list(range(8))
+    with pytest.raises(ValueError, match="ep_size=3 must divide dp_size=4"):
+        ParallelDims(dp_size=4, ep_size=3)
+    with pytest.raises(ValueError, match="ep_size=0 must be an int >= 1"):
+        ParallelDims(dp_size=4, ep_size=0)
+
+
+@pytest.mark.parametrize("dims, kwargs, match", [
+    (ParallelDims(dp_size=2, tp_size=2), {}, "tp_size=2"),
+    (ParallelDims(dp_size=2, pp_size=2), {}, "pp_size=2"),
+    (ParallelDims(dp_size=2, cp_size=2), {}, "cp_size=2"),
+    (ParallelDims(dp_size=2, ep_size=2), {"zero_stage": 2}, "zero_stage=2"),
+    (ParallelDims(dp_size=2, ep_size=2), {"checkpoint": "full"}, "checkpoint='full'"),
+    (ParallelDims(dp_size=4, ep_size=4), {}, "ep_size=4 must divide n_experts=2"),
+])
+def test_parallelize_refuses_what_experts_do_not_compose_with_by_name(dims, kwargs, match):
+    from labkit.model import GPTConfig, build_model
+    from labkit.parallel.experts import check_experts_combination
+
+    model = build_model(GPTConfig(**{**CONFIGS["mixtral"][0].to_dict(), "n_experts": 2, "experts_per_token": 1}))
+    args = {"sequence_parallel": False, "zero_stage": 0, "checkpoint": "none", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        check_experts_combination(model, dims, args["sequence_parallel"], args["zero_stage"], args["checkpoint"])
+
+
+def test_ep_size_without_experts_is_refused():
+    from labkit.model import build_model, get_preset
+    from labkit.parallel.experts import check_experts_combination
+
+    with pytest.raises(ValueError, match=r"ep_size=2 needs a model with experts \(cfg.n_experts > 0\)"):
+        check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2),
+                                  False, 0, "none")

@@ -17,8 +17,10 @@ import torch.distributed as dist
 
 from ..collectives import all_reduce_mean_, check_same_across_ranks
 from ..expert_parallel import apply_expert_parallel, check_ep_size
+from ..zero import ShardedOptimizer
 
-__all__ = ["ExpertDataParallel", "build_expert_groups", "check_experts_combination", "shard_experts"]
+__all__ = ["ExpertDataParallel", "ExpertShardedOptimizer", "build_expert_groups", "check_experts_combination",
+           "shard_experts"]
 
 
 def build_expert_groups(dims, rank: int):
@@ -35,7 +37,7 @@ def build_expert_groups(dims, rank: int):
 
 
 def check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint) -> None:
-    """Refuse by name what experts do not compose with here: only data parallelism (ZeRO stage 0)."""
+    """Refuse by name what experts do not compose with here: data parallelism and ZeRO-1 only."""
     has_experts = bool(getattr(model.cfg, "n_experts", 0))
     if dims.ep_size > 1 and not has_experts:
         raise ValueError(f"ep_size={dims.ep_size} needs a model with experts (cfg.n_experts > 0)")
@@ -44,13 +46,13 @@ def check_experts_combination(model, dims, sequence_parallel, zero_stage, checkp
     check_ep_size(dims.ep_size, model.cfg.n_experts)
     others = {"tp_size": dims.tp_size, "pp_size": dims.pp_size, "cp_size": dims.cp_size}
     bad = [f"{k}={v}" for k, v in others.items() if v > 1]
-    bad += [f"zero_stage={zero_stage}"] if zero_stage else []
+    bad += [f"zero_stage={zero_stage}"] if zero_stage > 1 else []
     bad += [f"checkpoint={checkpoint!r}"] if checkpoint != "none" else []
     bad += ["sequence_parallel=True"] if sequence_parallel else []
     if bad:
         raise ValueError(f"a model with experts (n_experts={model.cfg.n_experts}) with {', '.join(bad)}: "
-                         "experts compose here with data and expert parallelism only; use tp_size=pp_size="
-                         "cp_size=1, zero_stage=0, checkpoint='none'")
+                         "experts compose here with data and expert parallelism and ZeRO-1 only; use "
+                         "tp_size=pp_size=cp_size=1, zero_stage <= 1, checkpoint='none'")
 
 
 def shard_experts(model, dims, dp_group):
@@ -93,3 +95,32 @@ class ExpertDataParallel:
                 all_reduce_mean_(flat, self.dp_size, self.dp_group)
             for p, part in zip(held, flat.split([p.numel() for p in held])):
                 p.grad.copy_(part.view_as(p.grad))
+
+
+class ExpertShardedOptimizer:
+    """ZeRO-1 with experts sharded: :class:`labkit.zero.ShardedOptimizer` over "dp" for the
+    replicated parameters, another over the expert replicas for the experts (each replica group
+    holds the same experts, so its ranks can split their optimizer state). The second averages over
+    dp / ep replicas; the experts' gradients are first scaled by 1 / ep, so that what it steps is
+    their sum over the replicas divided by dp_size, as :class:`ExpertDataParallel` takes it."""
+
+    def __init__(self, named, optimizer_cls, dp_group, replica_group, ep_size: int, **kwargs):
+        named = list(named)
+        experts = [(n, p) for n, p in named if getattr(p, "expert_parallel", False)]
+        dense = [(n, p) for n, p in named if not getattr(p, "expert_parallel", False)]
+        self.ep_size = ep_size
+        self.dense = ShardedOptimizer(dense, optimizer_cls, group=dp_group, **kwargs)
+        self.experts = ShardedOptimizer(experts, optimizer_cls, group=replica_group, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.dense.zero_grad(set_to_none)
+        self.experts.zero_grad(set_to_none)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.experts.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.div_(self.ep_size)
+        self.dense.step()
+        self.experts.step()

@@ -36,7 +36,7 @@ from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
 from ..zero import FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer
 from .dims import AXES, ParallelDims
-from .experts import ExpertDataParallel, check_experts_combination, shard_experts
+from .experts import ExpertDataParallel, ExpertShardedOptimizer, check_experts_combination, shard_experts
 from .zero3 import ShardedSequenceSum, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
@@ -93,7 +93,8 @@ class ParallelModel:
         self.fsdp_chunks, self._tied = [], model.wte.weight
         self._act_dtype = model.wte.weight.dtype
         self.last_losses = []  # the micro-batch losses of the last forward_backward (last stage)
-        if expert_replicas is not None:  # experts sharded over "ep": their own reduction (.experts)
+        self.expert_replicas = expert_replicas
+        if expert_replicas is not None and zero_stage == 0:  # experts over "ep": their own reduction
             self.data_parallel = ExpertDataParallel(model, self.group["dp"], expert_replicas)
         elif zero_stage == 0 and dims.dp_size > 1:
             self.data_parallel = DataParallelBucketed(model, group=self.group["dp"])
@@ -145,7 +146,10 @@ class ParallelModel:
     def build_optimizer(self, optimizer_cls=torch.optim.SGD, **kwargs):
         """The step's optimizer over this rank's parameters: ``optimizer_cls`` itself (stages 0 and
         3), or ZeRO-1/2's sharded wrapper around it over "dp"; kept as ``self.optimizer``."""
-        if self.zero_stage == 1:
+        if self.zero_stage == 1 and self.expert_replicas is not None:  # experts sharded (.experts)
+            self.optimizer = ExpertShardedOptimizer(self.named_parameters(), optimizer_cls, self.group["dp"],
+                                                    self.expert_replicas, self.dims.ep_size, **kwargs)
+        elif self.zero_stage == 1:
             self.optimizer = ShardedOptimizer(self.named_parameters(), optimizer_cls, group=self.group["dp"],
                                               **kwargs)
         elif self.zero_stage == 2:
@@ -239,7 +243,7 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     tp > 1; ZeRO-3 with checkpointing. ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps
     each chunk over "dp"; the tied embedding's shards line up at the two ends, which sum them) and
     with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`. A model with
-    experts composes with data parallelism (ZeRO stage 0) and ``dims.ep_size`` (experts sharded over
+    experts composes with data parallelism (ZeRO stage 0 or 1) and ``dims.ep_size`` (experts sharded over
     groups of ep data-parallel ranks, :mod:`.experts`); everything else is refused by name.
     """
     check_bool("sequence_parallel", sequence_parallel)
