@@ -99,7 +99,8 @@ PRESETS: dict[str, GPTConfig] = {  # the shapes labkit's block builds (none with
 
 # What GPT-2's block is, field by field: a technique that implements only this block refuses the rest.
 _GPT2_BLOCK = {"norm": "layernorm", "mlp": "gelu", "pos": "learned", "n_kv_head": None, "d_ff": None,
-               "tie_embeddings": True, "bias": True, "sliding_window": None, "n_positions": None}
+               "tie_embeddings": True, "bias": True, "sliding_window": None, "n_positions": None,
+               "n_experts": 0}  # experts: labkit.moe; a technique that has not been tried on them refuses them
 
 
 def check_gpt2_block(cfg: GPTConfig, technique: str, *, supports: tuple[str, ...] = ()) -> None:

@@ -177,3 +177,13 @@ def test_the_aux_loss_enters_the_training_loss_only():
     model.eval()
     assert model(idx, idx).item() == pytest.approx(model.loss(model(idx), idx).item(), rel=1e-15)
     assert math.isfinite(aux.item()) and aux.item() > 0
+
+
+def test_techniques_not_tried_on_experts_refuse_them_by_name():
+    from labkit.model import check_gpt2_block
+
+    llama_fields = ("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias", "n_kv_head")
+    check_gpt2_block(GPTConfig(**{**BASE, "n_experts": 0, "experts_per_token": 0, "d_expert": None}), "a technique",
+                     supports=llama_fields)  # the same block without experts passes
+    with pytest.raises(ValueError, match="a technique implements GPT-2's block only so far; this model has n_experts=4"):
+        check_gpt2_block(GPTConfig(**BASE), "a technique", supports=llama_fields)
