@@ -138,3 +138,22 @@ def test_ep_size_without_experts_is_refused():
     with pytest.raises(ValueError, match=r"ep_size=2 needs a model with experts \(cfg.n_experts > 0\)"):
         check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2),
                                   False, 0, "none")
+
+
+def test_expert_major_order_regroups_rows_by_expert_and_its_inverse_undoes_it():
+    from labkit.expert_parallel import expert_major_order, inverse_permutation
+
+    counts = torch.tensor([[2, 0, 1], [1, 3, 0]])  # rows from rank s for local expert j, (s, j) order
+    rows = torch.tensor([10, 11, 20, 30, 40, 41, 42])  # s0: e0 e0 e2 | s1: e0 e1 e1 e1 (labels: 10 s + e)
+    labels = torch.tensor([0, 0, 2, 10, 11, 11, 11])  # source rank 1 is 10, expert j is j
+    order = expert_major_order(counts)
+    assert labels[order].tolist() == [0, 0, 10, 11, 11, 11, 2]  # expert 0 (from s0 then s1), 1, 2
+    assert torch.equal(rows[order][inverse_permutation(order)], rows)
+    assert expert_major_order(torch.zeros(2, 2, dtype=torch.int64)).numel() == 0  # nothing arrived
+
+
+def test_all_to_all_refuses_splits_that_do_not_cover_the_rows():
+    from labkit.expert_parallel import all_to_all
+
+    with pytest.raises(ValueError, match=r"x has 3 rows but send=\[1, 1\] sums to 2"):
+        all_to_all(torch.zeros(3, 2), [1, 1], [1, 1])

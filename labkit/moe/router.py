@@ -1,7 +1,7 @@
 """The router: top-k gating, token dropping by capacity, the load-balancing loss and bias.
 
 ``route`` follows Mixtral (Jiang et al. 2024: softmax, top-k, weights renormalised) and
-DeepSeek-V3 (DeepSeek-AI 2024, eq. 13-16: sigmoid affinities, a bias added for the choice
+DeepSeek-V3 (DeepSeek-AI 2024, §2.1.2: sigmoid affinities, a bias added for the choice
 only, weights renormalised and scaled by ``routed_scaling_factor``). ``keep_mask`` drops what
 exceeds an expert's capacity (GShard's order), ``load_balancing_loss`` is Switch's auxiliary
 loss (Fedus et al. 2022, eq. 4-6), ``update_bias`` DeepSeek-V3's auxiliary-loss-free update
@@ -25,7 +25,7 @@ def route(logits: torch.Tensor, k: int, *, score: str = "softmax", normalize: bo
     """Top-k routing: logits (N, E) -> weights (N, k), experts (N, k) int64, scores (N, E).
 
     s = softmax(logits) or sigmoid(logits); the k experts of largest s + ``bias`` are chosen
-    (``bias``, (E,), steers the choice only: the weights are s's own, DeepSeek-V3 eq. 16);
+    (``bias``, (E,), steers the choice only: the weights are s's own, as in DeepSeek-V3);
     weights g = s of the chosen, divided by their sum when ``normalize``, times ``scaling``.
     """
     check_choice("score", score, SCORES)
