@@ -1,10 +1,11 @@
 """Expert parallelism on gloo ranks against one process (code shared: the model only).
 
 One launch per world size serves every check: a plain training loop over ``parallelize_gpt``
-with experts sharded over "ep" (Mixtral-style and DeepSeek-style blocks, routing steered so that
-on step 0 two experts get no token and ranks send nothing) equals one process looping over the
-data-parallel shards; the all-to-all's gradient equals the one-process gradient; the all-to-all
-bytes CommCounter sees equal labkit.moe.analytic's formula.
+with experts sharded over "ep" (or replicated, ep_size=1), under data parallelism or ZeRO-1,
+Mixtral-style and DeepSeek-style blocks, routing steered so that on step 0 two experts get no
+token and ranks send nothing, equals one process looping over the data-parallel shards; the
+all-to-all's gradient equals the one-process gradient; the all-to-all bytes CommCounter sees
+equal labkit.moe.analytic's formula.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from labkit.parallel import ParallelDims
 pytestmark = pytest.mark.xdist_group("dist:expert_parallel")
 
 RUNS = {  # (config, dp_size, ep_size, zero_stage); ep_size=1: experts replicated, plain data parallelism
-    2: [("mixtral", 2, 2, 0), ("deepseek", 2, 1, 0)],
+    2: [("mixtral", 2, 2, 0), ("mixtral", 2, 2, 1), ("deepseek", 2, 1, 0), ("mixtral", 2, 1, 1)],
     4: [("mixtral", 4, 4, 0), ("deepseek", 4, 2, 0), ("deepseek", 4, 2, 1)],
 }
 
