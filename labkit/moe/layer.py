@@ -70,9 +70,10 @@ class LocalExchange:
 class MoE(nn.Module):
     """A mixture-of-experts MLP, built from a GPTConfig's expert fields: x (B, T, h) -> (B, T, h).
 
-    After a forward, ``aux_loss`` is the load-balancing loss (when ``cfg.aux_loss_coef`` > 0 and
-    training), ``load`` (E,) has accumulated the tokens routed to each expert (the bias update
-    reads and clears it), ``kept`` counts the assignments the capacity kept.
+    The capacity counts the N = B T tokens of this forward (a rank's micro-batch), in training
+    and in eval alike. After a forward, ``aux_loss`` is the load-balancing loss (when
+    ``cfg.aux_loss_coef`` > 0 and training), ``load`` (E,) has accumulated the tokens routed to
+    each expert (the bias update reads and clears it), ``kept`` counts the assignments kept.
     """
 
     def __init__(self, cfg):
