@@ -18,9 +18,10 @@ import torch.distributed as dist
 from ..collectives import all_reduce_mean_, check_same_across_ranks
 from ..expert_parallel import apply_expert_parallel, check_ep_size
 from ..zero import ShardedOptimizer
+from .dims import ParallelDims
 
 __all__ = ["ExpertDataParallel", "ExpertShardedOptimizer", "build_expert_groups", "check_experts_combination",
-           "shard_experts"]
+           "expert_sharded_optimizer", "shard_experts"]
 
 
 def build_expert_groups(dims, rank: int):
@@ -38,6 +39,8 @@ def build_expert_groups(dims, rank: int):
 
 def check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint) -> None:
     """Refuse by name what experts do not compose with here: data parallelism and ZeRO-1 only."""
+    if not isinstance(dims, ParallelDims):
+        return  # parallelize_gpt's mesh check names it
     has_experts = bool(getattr(model.cfg, "n_experts", 0))
     if dims.ep_size > 1 and not has_experts:
         raise ValueError(f"ep_size={dims.ep_size} needs a model with experts (cfg.n_experts > 0)")
@@ -124,3 +127,9 @@ class ExpertShardedOptimizer:
                     p.grad.div_(self.ep_size)
         self.dense.step()
         self.experts.step()
+
+
+def expert_sharded_optimizer(pm, optimizer_cls, kwargs) -> ExpertShardedOptimizer:
+    """ZeRO-1's optimizer of a :class:`labkit.parallel.ParallelModel` whose experts are sharded."""
+    return ExpertShardedOptimizer(pm.named_parameters(), optimizer_cls, pm.group["dp"], pm.expert_replicas,
+                                  pm.dims.ep_size, **kwargs)

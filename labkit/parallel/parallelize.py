@@ -36,7 +36,7 @@ from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
 from ..zero import FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer
 from .dims import AXES, ParallelDims
-from .experts import ExpertDataParallel, ExpertShardedOptimizer, check_experts_combination, shard_experts
+from .experts import ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, shard_experts
 from .zero3 import ShardedSequenceSum, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
@@ -93,11 +93,10 @@ class ParallelModel:
         self.fsdp_chunks, self._tied = [], model.wte.weight
         self._act_dtype = model.wte.weight.dtype
         self.last_losses = []  # the micro-batch losses of the last forward_backward (last stage)
-        self.expert_replicas = expert_replicas
-        if expert_replicas is not None and zero_stage == 0:  # experts over "ep": their own reduction
-            self.data_parallel = ExpertDataParallel(model, self.group["dp"], expert_replicas)
-        elif zero_stage == 0 and dims.dp_size > 1:
-            self.data_parallel = DataParallelBucketed(model, group=self.group["dp"])
+        self.expert_replicas = expert_replicas  # experts sharded over "ep": their own reductions (.experts)
+        if zero_stage == 0 and dims.dp_size > 1:
+            self.data_parallel = DataParallelBucketed(model, group=self.group["dp"]) if expert_replicas is None \
+                else ExpertDataParallel(model, self.group["dp"], expert_replicas)
         if zero_stage == 3:
             self._shard_fully(model, type(model.blocks[0]))
 
@@ -146,12 +145,10 @@ class ParallelModel:
     def build_optimizer(self, optimizer_cls=torch.optim.SGD, **kwargs):
         """The step's optimizer over this rank's parameters: ``optimizer_cls`` itself (stages 0 and
         3), or ZeRO-1/2's sharded wrapper around it over "dp"; kept as ``self.optimizer``."""
-        if self.zero_stage == 1 and self.expert_replicas is not None:  # experts sharded (.experts)
-            self.optimizer = ExpertShardedOptimizer(self.named_parameters(), optimizer_cls, self.group["dp"],
-                                                    self.expert_replicas, self.dims.ep_size, **kwargs)
-        elif self.zero_stage == 1:
+        if self.zero_stage == 1:
             self.optimizer = ShardedOptimizer(self.named_parameters(), optimizer_cls, group=self.group["dp"],
-                                              **kwargs)
+                                              **kwargs) if self.expert_replicas is None else \
+                expert_sharded_optimizer(self, optimizer_cls, kwargs)
         elif self.zero_stage == 2:
             self.optimizer = self._zero2_optimizer(optimizer_cls, kwargs)
         else:
@@ -242,9 +239,8 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     parallelism, ZeRO-2/3 or checkpointing (not composed yet); ``sequence_parallel`` without
     tp > 1; ZeRO-3 with checkpointing. ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps
     each chunk over "dp"; the tied embedding's shards line up at the two ends, which sum them) and
-    with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`. A model with
-    experts composes with data parallelism (ZeRO stage 0 or 1) and ``dims.ep_size`` (experts sharded over
-    groups of ep data-parallel ranks, :mod:`.experts`); everything else is refused by name.
+    with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`.
+    Experts: data parallelism, ZeRO-1 and ``dims.ep_size`` (:mod:`.experts`); the rest refused.
     """
     check_bool("sequence_parallel", sequence_parallel)
     check_int("zero_stage", zero_stage, 0, 3)
@@ -252,9 +248,9 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     check_choice("schedule", schedule, SCHEDULES)
     check_int("num_microbatches", num_microbatches, 1)
     check_int("v", v, 1)
+    check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint)
     _check_mesh(dims, mesh)
     _check_combination(dims, sequence_parallel, zero_stage, checkpoint)
-    check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
         raise ValueError(f"schedule={schedule!r}, v={v} need pp_size > 1; with one stage the m micro-batches "
                          "run one after another (gradient accumulation)")
@@ -270,7 +266,6 @@ def parallelize_gpt(model, dims: ParallelDims, mesh, *, sequence_parallel: bool 
     if checkpoint != "none":
         apply_checkpointing(model, checkpoint)
     chunks = build_chunks(model, ranges, pp, stage) if pp > 1 else None
-    replicas = shard_experts(model, dims, mesh.get_group("dp"))  # ep_size > 1: experts over "ep"
     return ParallelModel(model, dims, mesh, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
                          num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions,
-                         expert_replicas=replicas)
+                         expert_replicas=shard_experts(model, dims, mesh.get_group("dp")))  # ep > 1: experts over "ep"
