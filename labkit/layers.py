@@ -199,14 +199,16 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
+    """Pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
 
-    def __init__(self, cfg, causal_mask: torch.Tensor, rope: Rotary | None = None):
+    ``mlp``: a module in place of the config's MLP (the model passes a mixture of experts)."""
+
+    def __init__(self, cfg, causal_mask: torch.Tensor, rope: Rotary | None = None, mlp: nn.Module | None = None):
         super().__init__()
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg, causal_mask, rope)
         self.ln_2 = make_norm(cfg)
-        self.mlp = make_mlp(cfg)
+        self.mlp = make_mlp(cfg) if mlp is None else mlp
 
     def forward(self, x, attend=None, pos=None):
         h = self.ln_1(x)

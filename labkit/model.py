@@ -24,6 +24,7 @@ from .data import check_ids, check_targets
 from .attention import causal_mask
 from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_norm
 from .layers import repeat_kv
+from .moe.layer import MoE, check_moe_config, moe_layers
 from .validate import ArgumentError, check_float
 
 __all__ = ["GPTConfig", "GPT", "AttentionCore", "KVCacheProtocol", "PRESETS", "get_preset", "count_params",
@@ -52,6 +53,21 @@ class GPTConfig(ShapeProperties):
     sliding_window: int | None = None  # keys a query sees at most, itself included; None: all
     n_positions: int | None = None  # rows of the learned position table; None: seq_len
     norm_eps: float = 1e-5
+    # Experts (labkit.moe; ModelShape's names): n_experts > 0 makes the MLP of each MoE layer
+    # (ModelShape.is_moe_layer: past first_dense_layers, every moe_every-th) a mixture of experts
+    n_experts: int = 0  # routed experts E; 0: dense
+    experts_per_token: int = 0  # k of the top-k
+    d_expert: int | None = None  # an expert's width; None: d_ff
+    n_shared_experts: int = 0  # DeepSeek's always-on experts, one SwiGLU of width n_shared · d_shared
+    d_shared: int | None = None  # None: d_expert
+    router_bias: bool = False  # DeepSeek-V3's selection bias (a buffer: update_expert_bias moves it)
+    first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace
+    moe_every: int = 1
+    router_score: str = "softmax"  # or "sigmoid" (DeepSeek-V3)
+    norm_topk_prob: bool = True  # renormalise the k weights (Mixtral: yes; Switch with k=1: no)
+    routed_scaling_factor: float = 1.0  # the routed weights' scale (DeepSeek-V3: 2.5)
+    capacity_factor: float | None = None  # None: dropless; else C = ceil(cf · N k / E) rows an expert
+    aux_loss_coef: float = 0.0  # the load-balancing loss's weight in the training loss
 
     def __post_init__(self):
         ModelShape.from_config(self)  # the shape's fields, checked where they are defined
@@ -59,6 +75,7 @@ class GPTConfig(ShapeProperties):
         check_float("norm_eps", self.norm_eps, above=0.0)
         if self.pos == "rope" and self.head_dim % 2:
             raise ArgumentError(f"pos='rope' needs an even head_dim, not d_model/n_head={self.head_dim}")
+        check_moe_config(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,7 +99,8 @@ PRESETS: dict[str, GPTConfig] = {  # the shapes labkit's block builds (none with
 
 # What GPT-2's block is, field by field: a technique that implements only this block refuses the rest.
 _GPT2_BLOCK = {"norm": "layernorm", "mlp": "gelu", "pos": "learned", "n_kv_head": None, "d_ff": None,
-               "tie_embeddings": True, "bias": True, "sliding_window": None, "n_positions": None}
+               "tie_embeddings": True, "bias": True, "sliding_window": None, "n_positions": None,
+               "n_experts": 0}  # experts: labkit.moe; a technique that has not been tried on them refuses them
 
 
 def check_gpt2_block(cfg: GPTConfig, technique: str, *, supports: tuple[str, ...] = ()) -> None:
@@ -147,7 +165,9 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.n_positions or cfg.seq_len, cfg.d_model) if learned else None
         mask = causal_mask(cfg.seq_len, cfg.seq_len, sliding_window=cfg.sliding_window)  # (S, S) visible
         rope = None if learned else Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
-        self.blocks = nn.ModuleList(Block(cfg, mask, rope) for _ in range(cfg.n_layer))
+        shape = ModelShape.from_config(cfg)
+        self.blocks = nn.ModuleList(Block(cfg, mask, rope, mlp=MoE(cfg) if shape.is_moe_layer(i) else None)
+                                    for i in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -214,7 +234,14 @@ class GPT(nn.Module):
         logits = self.head(x)  # (B, T, V)
         if targets is None:
             return logits
-        return self.loss(logits, targets)
+        loss, aux = self.loss(logits, targets), self.aux_loss()
+        return loss if aux is None else loss + aux
+
+    def aux_loss(self):
+        """``aux_loss_coef`` times the sum of the MoE layers' load-balancing losses of the last
+        forward (labkit.moe); None without experts, with aux_loss_coef=0, or in eval."""
+        losses = [m.aux_loss for m in moe_layers(self) if m.aux_loss is not None] if self.cfg.n_experts else []
+        return self.cfg.aux_loss_coef * sum(losses) if losses else None
 
 
 def build_model(cfg: GPTConfig | str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GPT:

@@ -22,7 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LABKIT = ROOT / "labkit"
 # One package (or module) per technique; they may import the core, never each other.
 TECHNIQUES = ("zero", "data_parallel", "checkpoint", "accumulate", "tensor_parallel", "pipeline",
-              "flash_attention", "paged_attention", "context_parallel")
+              "flash_attention", "paged_attention", "context_parallel", "expert_parallel")
+# Packages of the core: the model builds its blocks from them, as it builds attention from
+# labkit.attention. labkit.moe is the mixture-of-experts block (router, experts, capacity); the
+# technique that shards it over ranks, labkit.expert_parallel, is in TECHNIQUES.
+CORE_PACKAGES = ("memory", "moe")
 # The only modules whose job is to compose techniques: what a lab's ranks run (runs), and the
 # layer that shards one model by several techniques at once (parallel).
 COMPOSING = ("runs", "parallel", "estimate", "plan")  # estimate and plan compose formulas, never mechanisms
@@ -97,6 +101,12 @@ def test_the_graph_is_read_from_the_source():
     assert "labkit.zero" in graph["labkit.runs.zero"]
     assert {"labkit.device"} <= graph["labkit"]
     assert {"labkit.memory.meter", "labkit.memory.plot"} <= graph["labkit.memory"]  # lazy_exports' table
+
+
+def test_the_core_packages_are_not_techniques_and_model_builds_the_moe_block():
+    graph = _graph()
+    assert all(_row(f"labkit.{name}") == "core" for name in CORE_PACKAGES)
+    assert "labkit.moe.layer" in graph["labkit.model"] and _row("labkit.expert_parallel.apply") == "expert_parallel"
 
 
 def test_no_import_cycles():
@@ -385,7 +395,8 @@ def test_every_lazy_package_export_loads():
     import importlib
 
     packages = _lazy_packages()
-    assert {"labkit.memory", "labkit.zero", "labkit.parallel", "labkit.context_parallel"} <= set(packages)
+    assert {"labkit.memory", "labkit.zero", "labkit.parallel", "labkit.context_parallel", "labkit.moe",
+            "labkit.expert_parallel"} <= set(packages)
     missing = [f"{name}.{export}" for name in packages for export in importlib.import_module(name).__all__
                if not hasattr(importlib.import_module(name), export)]
     assert not missing, f"listed in __all__ but not found: {missing}"
@@ -407,7 +418,7 @@ def test_the_end_of_backward_gradient_sum_is_written_once():
 
 def test_import_labkit_estimate_leaves_torch_out():
     # the estimator runs where torch is not installed (a browser page): a fresh interpreter
-    code = ("import sys, labkit.estimate\n"
+    code = ("import sys, labkit.estimate, labkit.moe, labkit.expert_parallel.analytic\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)

@@ -34,6 +34,7 @@ MeshCoords = namedtuple("MeshCoords", AXES)  # one rank's index along each axis
 @dataclass(frozen=True)
 class ParallelDims:
     """Data, tensor, pipeline and context parallel degrees; their product is the world size.
+    ``ep_size`` (expert parallelism) divides dp_size and adds no rank (:meth:`expert_groups`).
 
     ``ParallelDims(dp_size=2, tp_size=2, pp_size=2)`` is the 8-rank grid of Chapter 6. The mesh's
     axes are :data:`AXES`, outermost first; a degree of 1 keeps its axis (of size 1), so
@@ -45,10 +46,34 @@ class ParallelDims:
     tp_size: int = 1
     pp_size: int = 1
     cp_size: int = 1
+    ep_size: int = 1  # expert parallelism: groups of ep data-parallel ranks share their experts
 
     def __post_init__(self):
         for axis in AXES:
             check_int(f"{axis}_size", getattr(self, f"{axis}_size"), 1)
+        check_int("ep_size", self.ep_size, 1)
+        if self.dp_size % self.ep_size:
+            raise ArgumentError(f"ep_size={self.ep_size} must divide dp_size={self.dp_size}: expert "
+                                "parallelism splits the data-parallel ranks, the world size unchanged")
+
+    def expert_groups(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(ep groups, expert replicas): global ranks, every group of each kind in one order.
+
+        Expert parallelism is taken out of the data-parallel ranks, as Megatron-LM and torchtitan
+        do: the mesh stays (dp, pp, cp, tp) and the world size is unchanged. Data-parallel index
+        d = r · ep + j: ranks with the same r (and the same pp, cp, tp) form an ep group and hold
+        all E experts between them; ranks with the same j hold the same experts (dp / ep of them),
+        the replicas whose expert gradients are summed.
+        """
+        ep, reps = self.ep_size, self.dp_size // self.ep_size
+        groups, replicas = [], []
+        for pp in range(self.pp_size):
+            for cp in range(self.cp_size):
+                for tp in range(self.tp_size):
+                    at = lambda d: self.rank_of(dp=d, pp=pp, cp=cp, tp=tp)  # noqa: E731
+                    groups += [[at(r * ep + j) for j in range(ep)] for r in range(reps)]
+                    replicas += [[at(r * ep + j) for r in range(reps)] for j in range(ep)]
+        return groups, replicas
 
     @property
     def sizes(self) -> tuple[int, ...]:

@@ -39,6 +39,7 @@ from ..tensor_parallel.rules import check_sequence_parallel
 from .compose import check_runnable, runnable_reason
 from .config import RunConfig
 from .dims import AXES, ParallelDims
+from .experts import ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, shard_experts
 from .zero3 import ShardedSequenceSum, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
@@ -98,7 +99,7 @@ class ParallelModel:
     """
 
     def __init__(self, model, dims, mesh, *, sequence_parallel, zero_stage, num_microbatches, v,
-                 chunks, ranges, actions):
+                 chunks, ranges, actions, expert_replicas=None):
         self.model, self.dims, self.mesh, self.zero_stage = model, dims, mesh, zero_stage
         self.sequence_parallel, self.chunks, self.ranges = sequence_parallel, chunks, ranges
         self.num_microbatches, self.v = num_microbatches, v
@@ -112,8 +113,10 @@ class ParallelModel:
         self.fsdp_chunks, self._tied = [], model.wte.weight
         self._act_dtype = model.wte.weight.dtype
         self.last_losses = []  # the micro-batch losses of the last forward_backward (last stage)
+        self.expert_replicas = expert_replicas  # experts sharded over "ep": their own reductions (.experts)
         if zero_stage == 0 and dims.dp_size > 1:
-            self.data_parallel = DataParallelBucketed(model, group=self.group["dp"])
+            self.data_parallel = DataParallelBucketed(model, group=self.group["dp"]) if expert_replicas is None \
+                else ExpertDataParallel(model, self.group["dp"], expert_replicas)
         if zero_stage == 3:
             self._shard_fully(model, type(model.blocks[0]))
 
@@ -164,7 +167,8 @@ class ParallelModel:
         3), or ZeRO-1/2's sharded wrapper around it over "dp"; kept as ``self.optimizer``."""
         if self.zero_stage == 1:
             self.optimizer = ShardedOptimizer(self.named_parameters(), optimizer_cls, group=self.group["dp"],
-                                              **kwargs)
+                                              **kwargs) if self.expert_replicas is None else \
+                expert_sharded_optimizer(self, optimizer_cls, kwargs)
         elif self.zero_stage == 2:
             self.optimizer = self._zero2_optimizer(optimizer_cls, kwargs)
         else:
@@ -259,6 +263,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     tp > 1; ZeRO-3 with checkpointing. ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps
     each chunk over "dp"; the tied embedding's shards line up at the two ends, which sum them) and
     with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`.
+    Experts: data parallelism, ZeRO-1 and ``dims.ep_size`` (:mod:`.experts`); the rest refused.
     """
     if isinstance(dims, RunConfig):
         if (sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v) != (False, 0, "none", "1f1b", 1, 1):
@@ -271,6 +276,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     check_choice("schedule", schedule, SCHEDULES)
     check_int("num_microbatches", num_microbatches, 1)
     check_int("v", v, 1)
+    check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint)
     _check_mesh(dims, mesh)
     _check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
@@ -289,4 +295,5 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
         apply_checkpointing(model, checkpoint)
     chunks = build_chunks(model, ranges, pp, stage) if pp > 1 else None
     return ParallelModel(model, dims, mesh, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
-                         num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions)
+                         num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions,
+                         expert_replicas=shard_experts(model, dims, mesh.get_group("dp")))  # ep > 1: experts over "ep"

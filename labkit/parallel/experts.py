@@ -1,0 +1,135 @@
+"""Expert parallelism composed with data parallelism: the groups, the refusals, the gradients.
+
+:class:`ExpertDataParallel` is data parallelism's end-of-step reduction when experts are sharded
+(:mod:`labkit.expert_parallel`): every gradient averaged over "dp", except an expert's, which
+only the dp / ep ranks holding that expert have. Those are summed over the replicas and divided by
+dp_size: each holder's gradient already sums its ep group's ranks' losses (the combine's backward
+brings them home), so the replicas' sum covers every data-parallel rank once, as one process
+summing dp_size local means and dividing by dp_size would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from ..collectives import all_reduce_mean_, check_same_across_ranks
+from ..expert_parallel import apply_expert_parallel, check_ep_size
+from ..zero import ShardedOptimizer
+from .dims import ParallelDims
+
+__all__ = ["ExpertDataParallel", "ExpertShardedOptimizer", "build_expert_groups", "check_experts_combination",
+           "expert_sharded_optimizer", "shard_experts"]
+
+
+def build_expert_groups(dims, rank: int):
+    """(this rank's ep group, its expert-replica group): every group created on every rank, in
+    :meth:`ParallelDims.expert_groups`' order, as ``dist.new_group`` requires."""
+    groups, replicas = dims.expert_groups()
+    mine = [None, None]
+    for kind, ranks_list in enumerate((groups, replicas)):
+        for ranks in ranks_list:
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[kind] = group
+    return tuple(mine)
+
+
+def check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint) -> None:
+    """Refuse by name what experts do not compose with here: data parallelism and ZeRO-1 only."""
+    if not isinstance(dims, ParallelDims):
+        return  # parallelize_gpt's mesh check names it
+    has_experts = bool(getattr(model.cfg, "n_experts", 0))
+    if dims.ep_size > 1 and not has_experts:
+        raise ValueError(f"ep_size={dims.ep_size} needs a model with experts (cfg.n_experts > 0)")
+    if not has_experts:
+        return
+    check_ep_size(dims.ep_size, model.cfg.n_experts)
+    others = {"tp_size": dims.tp_size, "pp_size": dims.pp_size, "cp_size": dims.cp_size}
+    bad = [f"{k}={v}" for k, v in others.items() if v > 1]
+    bad += [f"zero_stage={zero_stage}"] if zero_stage > 1 else []
+    bad += [f"checkpoint={checkpoint!r}"] if checkpoint != "none" else []
+    bad += ["sequence_parallel=True"] if sequence_parallel else []
+    if bad:
+        raise ValueError(f"a model with experts (n_experts={model.cfg.n_experts}) with {', '.join(bad)}: "
+                         "experts compose here with data and expert parallelism and ZeRO-1 only; use "
+                         "tp_size=pp_size=cp_size=1, zero_stage <= 1, checkpoint='none'")
+
+
+def shard_experts(model, dims, dp_group):
+    """Check every data-parallel rank passed the same model, then keep this rank's experts over its
+    ep group; returns the expert-replica group (None when ep_size is 1: nothing is sharded)."""
+    if dims.ep_size == 1:
+        return None
+    check_same_across_ranks(model.named_parameters(), dp_group)
+    ep_group, replica_group = build_expert_groups(dims, dist.get_rank())
+    apply_expert_parallel(model, ep_group)
+    return replica_group
+
+
+class ExpertDataParallel:
+    """Data parallelism over "dp" with experts sharded: ``all_reduce_grads`` after the step's
+    backward passes (what :class:`labkit.parallel.ParallelModel` calls), ``no_sync`` a no-op."""
+
+    def __init__(self, model, dp_group, replica_group):
+        self.dp_group, self.replica_group = dp_group, replica_group
+        self.dp_size = dist.get_world_size(dp_group)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.experts = [p for p in params if getattr(p, "expert_parallel", False)]
+        self.dense = [p for p in params if not getattr(p, "expert_parallel", False)]
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def all_reduce_grads(self) -> None:
+        """Dense gradients: the mean over "dp"; experts': the sum over their replicas / dp_size."""
+        for params, replicas in ((self.dense, False), (self.experts, True)):
+            held = [p for p in params if p.grad is not None]
+            if not held:
+                continue
+            flat = torch.cat([p.grad.reshape(-1) for p in held])
+            if replicas:
+                dist.all_reduce(flat, group=self.replica_group)
+                flat /= self.dp_size
+            else:
+                all_reduce_mean_(flat, self.dp_size, self.dp_group)
+            for p, part in zip(held, flat.split([p.numel() for p in held])):
+                p.grad.copy_(part.view_as(p.grad))
+
+
+class ExpertShardedOptimizer:
+    """ZeRO-1 with experts sharded: :class:`labkit.zero.ShardedOptimizer` over "dp" for the
+    replicated parameters, another over the expert replicas for the experts (each replica group
+    holds the same experts, so its ranks can split their optimizer state). The second averages over
+    dp / ep replicas; the experts' gradients are first scaled by 1 / ep, so that what it steps is
+    their sum over the replicas divided by dp_size, as :class:`ExpertDataParallel` takes it."""
+
+    def __init__(self, named, optimizer_cls, dp_group, replica_group, ep_size: int, **kwargs):
+        named = list(named)
+        experts = [(n, p) for n, p in named if getattr(p, "expert_parallel", False)]
+        dense = [(n, p) for n, p in named if not getattr(p, "expert_parallel", False)]
+        self.ep_size = ep_size
+        self.dense = ShardedOptimizer(dense, optimizer_cls, group=dp_group, **kwargs)
+        self.experts = ShardedOptimizer(experts, optimizer_cls, group=replica_group, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.dense.zero_grad(set_to_none)
+        self.experts.zero_grad(set_to_none)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.experts.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.div_(self.ep_size)
+        self.dense.step()
+        self.experts.step()
+
+
+def expert_sharded_optimizer(pm, optimizer_cls, kwargs) -> ExpertShardedOptimizer:
+    """ZeRO-1's optimizer of a :class:`labkit.parallel.ParallelModel` whose experts are sharded."""
+    return ExpertShardedOptimizer(pm.named_parameters(), optimizer_cls, pm.group["dp"], pm.expert_replicas,
+                                  pm.dims.ep_size, **kwargs)
