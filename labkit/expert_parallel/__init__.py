@@ -9,14 +9,14 @@ rank) order and back. ``apply``: :func:`apply_expert_parallel` on labkit's GPT. 
 from __future__ import annotations
 
 from .._lazy import lazy_exports
-from .analytic import all_to_all_bytes, expert_params_per_rank, experts_per_rank
+from .analytic import all_to_all_bytes, check_ep_size, expert_params_per_rank, experts_per_rank
 
 __all__ = ["apply_expert_parallel", "ExpertParallelExchange", "check_ep_size", "all_to_all", "exchange_counts",
            "expert_major_order", "inverse_permutation", "experts_per_rank", "expert_params_per_rank",
            "all_to_all_bytes"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    ".apply": ("apply_expert_parallel", "ExpertParallelExchange", "check_ep_size"),
+    ".apply": ("apply_expert_parallel", "ExpertParallelExchange"),
     ".comm": ("all_to_all", "exchange_counts"),
     ".permute": ("expert_major_order", "inverse_permutation"),
 })

@@ -10,16 +10,22 @@ from ..moe.analytic import all_to_all_bytes
 from ..shapes import ModelShape
 from ..validate import ArgumentError, check_int
 
-__all__ = ["experts_per_rank", "expert_params_per_rank", "all_to_all_bytes"]
+__all__ = ["check_ep_size", "experts_per_rank", "expert_params_per_rank", "all_to_all_bytes"]
+
+
+def check_ep_size(ep_size: int, n_experts: int) -> int:
+    """Raise unless ``ep_size`` divides ``n_experts``: each rank keeps E / ep whole experts."""
+    check_int("ep_size", ep_size, 1)
+    check_int("n_experts", n_experts, 1)
+    if n_experts % ep_size:
+        raise ArgumentError(f"ep_size={ep_size} must divide n_experts={n_experts}")
+    return ep_size
 
 
 def experts_per_rank(n_experts: int, ep_size: int) -> int:
     """E / ep: the routed experts one rank keeps in each MoE layer (ep must divide E)."""
     check_int("n_experts", n_experts, 1)
-    check_int("ep_size", ep_size, 1)
-    if n_experts % ep_size:
-        raise ArgumentError(f"ep_size={ep_size} must divide n_experts={n_experts}")
-    return n_experts // ep_size
+    return n_experts // check_ep_size(ep_size, n_experts)
 
 
 def expert_params_per_rank(shape, ep_size: int) -> int:

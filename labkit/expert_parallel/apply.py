@@ -16,19 +16,11 @@ import torch.nn as nn
 
 from ..moe.layer import moe_layers
 from ..validate import ArgumentError, check_int
+from .analytic import check_ep_size
 from .comm import all_to_all, exchange_counts
 from .permute import expert_major_order, inverse_permutation
 
 __all__ = ["ExpertParallelExchange", "apply_expert_parallel", "check_ep_size"]
-
-
-def check_ep_size(ep_size: int, n_experts: int) -> int:
-    """Raise unless ``ep_size`` divides ``n_experts``: each rank keeps E / ep whole experts."""
-    check_int("ep_size", ep_size, 1)
-    check_int("n_experts", n_experts, 1)
-    if n_experts % ep_size:
-        raise ArgumentError(f"ep_size={ep_size} must divide n_experts={n_experts}")
-    return ep_size
 
 
 class ExpertParallelExchange:

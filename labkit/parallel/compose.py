@@ -33,7 +33,10 @@ NOT_COMPOSED = (
     (lambda r: r.offload_params, "ZeRO-3's parameter offload (offload_params)"),
     (lambda r: not r.reshard_after_forward,
      "ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)"),
-    (lambda r: r.ep_size > 1, "expert parallelism (ep_size > 1) in parallelize_gpt"),
+    (lambda r: r.ep_size > 1 and (r.tp_size * r.pp_size * r.cp_size > 1 or r.zero_stage >= 2
+                                  or r.recompute != "none" or r.sequence_parallel),
+     "expert parallelism beyond data parallelism and ZeRO-1 (ep_size > 1 with tp, pp or cp > 1, ZeRO-2/3, "
+     "recomputation or sequence parallelism)"),
 )
 
 

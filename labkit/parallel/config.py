@@ -10,8 +10,9 @@ and how ZeRO-3 and the gradient reduction run. A knob is one field here; the est
 Each rule lives once, with the technique that owns it; :meth:`RunConfig.check` calls them all:
 ``shape.check_tp_size`` (heads and widths), ``pipeline.analytic.check_pipeline`` (stages,
 interleaving, schedule), ``context_parallel.analytic.check_cp_seq_len``,
-``tensor_parallel.rules.check_sequence_parallel``, ``zero.analytic.check_zero``, and
-``check_attention`` and ``check_ep`` below. What the mechanisms compose (a different question:
+``tensor_parallel.rules.check_sequence_parallel``, ``zero.analytic.check_zero``,
+``expert_parallel.analytic.check_ep_size``, ``ParallelDims`` (ep divides dp) and ``check_attention``
+below. What the mechanisms compose (a different question:
 which combinations labkit's code runs) is ``labkit.parallel.compose.check_runnable``.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from ..context_parallel.analytic import check_cp_seq_len
+from ..expert_parallel.analytic import check_ep_size
 from ..memory.analytic import ATTENTION, RECOMPUTE
 from ..pipeline.analytic import check_pipeline, default_schedule
 from ..tensor_parallel.rules import check_sequence_parallel
@@ -27,7 +29,7 @@ from ..validate import check_bool, check_choice, check_int
 from ..zero.analytic import STAGES, check_zero
 from .dims import ParallelDims
 
-__all__ = ["RunConfig", "ATTENTION", "RECOMPUTE", "PRECISIONS", "OPTIMIZERS", "check_attention", "check_ep"]
+__all__ = ["RunConfig", "ATTENTION", "RECOMPUTE", "PRECISIONS", "OPTIMIZERS", "check_attention"]
 
 # The precisions and optimizers the estimator models (labkit.estimate.training.PRECISIONS maps each
 # precision to its byte counts); named here so that RunConfig validates without the estimator.
@@ -42,17 +44,6 @@ def check_attention(attention: str) -> str:
     stored: FlashAttention, cuDNN's or PyTorch's fused SDPA, every run the book cites) or "eager"
     (labkit's model, whose softmax output autograd keeps, as the memory meter measures it)."""
     return check_choice("attention", attention, ATTENTION)
-
-
-def check_ep(ep_size: int, dp_size: int, cp_size: int = 1) -> int:
-    """``ep_size`` if the experts can be sharded over it: ep divides the dp x cp ranks that hold
-    the same dense parameters (Megatron-LM and torchtitan take the expert axis out of the
-    data-parallel ranks: the world size does not change)."""
-    check_int("ep_size", ep_size, 1)
-    if (dp_size * cp_size) % ep_size:
-        raise ValueError(f"ep_size={ep_size} must divide dp_size x cp_size = {dp_size * cp_size} (the expert "
-                         "axis is carved out of the data-parallel ranks)")
-    return ep_size
 
 
 @dataclass(frozen=True)
@@ -106,8 +97,9 @@ class RunConfig:
 
     @property
     def dims(self) -> ParallelDims:
-        """The rank grid's degrees (dp, tp, pp, cp); ep lives inside dp."""
-        return ParallelDims(dp_size=self.dp_size, tp_size=self.tp_size, pp_size=self.pp_size, cp_size=self.cp_size)
+        """The rank grid's degrees (dp, tp, pp, cp) and ep, which lives inside dp (it divides dp_size)."""
+        return ParallelDims(dp_size=self.dp_size, tp_size=self.tp_size, pp_size=self.pp_size, cp_size=self.cp_size,
+                            ep_size=self.ep_size)
 
     @property
     def world_size(self) -> int:
@@ -146,7 +138,9 @@ class RunConfig:
         check_sequence_parallel(self.sequence_parallel, self.tp_size, s // self.cp_size)
         check_zero(self.zero_stage, self.replicas, offload=self.offload, offload_params=self.offload_params,
                    reshard_after_forward=self.reshard_after_forward)
-        check_ep(self.ep_size, self.dp_size, self.cp_size)
-        if self.ep_size > 1 and not getattr(shape, "n_experts", 0):
-            raise ValueError(f"ep_size={self.ep_size} shards experts, and this model has none: use ep_size=1")
+        self.dims  # ParallelDims: ep divides dp_size (the expert axis is carved out of data parallelism)
+        if self.ep_size > 1:
+            if not shape.n_experts:
+                raise ValueError(f"ep_size={self.ep_size} shards experts, and this model has none: use ep_size=1")
+            check_ep_size(self.ep_size, shape.n_experts)
         return self if self.seq_len == s else replace(self, seq_len=s)
