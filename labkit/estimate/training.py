@@ -10,9 +10,11 @@ the Llama block's terms, ``llama_layer_bytes``), and the pipeline's micro-batche
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ..memory.analytic import (ATTENTION, RECOMPUTE, embedding_bytes, head_bytes, korthikanti_activation_bytes,
                                llama_layer_bytes, lse_bytes)
+from ..memory.fused import fused_llama_layer_bytes
 from ..pipeline.analytic import max_in_flight
 from ..pipeline.schedules import make_schedule, peak_layers_in_flight
 from ..shapes import ModelShape, preset
@@ -94,10 +96,11 @@ def _degrees(dims) -> tuple[int, int, int, int]:
 
 def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp_size: int, *,
                            sequence_parallel: bool, recompute: str, dtype_bytes: int,
-                           attention: str = "eager") -> int:
+                           attention: str = "eager", kernels: str = "labkit") -> int:
     """Bytes one layer keeps per micro-batch per rank: Korthikanti's for GPT-2's block (16-bit
-    activations, 1-byte dropout masks), the Llama block's terms otherwise; ``attention="flash"``:
-    no scores, a fp32 log-sum-exp per row and head instead."""
+    activations, 1-byte dropout masks: Megatron's kernels), the Llama block's terms otherwise,
+    labkit's or under fused kernels (``kernels``); ``attention="flash"``: no scores, a fp32
+    log-sum-exp per row and head instead."""
     if shape.norm == "layernorm" and shape.mlp == "gelu":
         e = dtype_bytes / 2  # Korthikanti's formula counts 2-byte activations
         flash = attention == "flash" and recompute == "none"
@@ -105,10 +108,10 @@ def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp
                                             sequence_parallel, "selective" if flash else recompute)
         lse = lse_bytes(seq_len, micro_batch, shape.n_head // tp_size) if attention == "flash" and recompute == "none" else 0
         return round(e * kept) + lse
-    return sum(llama_layer_bytes(seq_len, micro_batch, shape.d_model, shape.n_head, shape.kv_heads,
-                                 shape.ffn_dim, dtype_bytes=dtype_bytes, tp_size=tp_size,
-                                 sequence_parallel=sequence_parallel, recompute=recompute,
-                                 attention=attention).values())
+    count = fused_llama_layer_bytes if kernels == "fused" else llama_layer_bytes
+    return sum(count(seq_len, micro_batch, shape.d_model, shape.n_head, shape.kv_heads, shape.ffn_dim,
+                     dtype_bytes=dtype_bytes, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                     recompute=recompute, attention=attention).values())
 
 
 # training_memory's keyword form (before RunConfig), and its defaults: labkit's model as the meter
@@ -171,7 +174,7 @@ def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
     n_params = shape.stage_params(tp, pp, stage, v)
     states = zero_model_state_bytes(n_params, run.replicas, run.zero_stage, policy, run.optimizer)
     s, b, t = run.seq_len // cp, run.micro_batch, tp
-    layer = dict(sequence_parallel=sp, dtype_bytes=e, attention=run.attention)
+    layer = dict(sequence_parallel=sp, dtype_bytes=e, attention=run.attention, kernels=run.kernels)
     kept = layer_activation_bytes(shape, s, b, t, recompute=run.recompute, **layer)
     # Stage `stage` holds max_in_flight micro-batches (chunks of 1/v of its layers, interleaved).
     # Under 1F1B with m >= p that is p - stage: stage 0 keeps p x L/p = L layers' worth of
@@ -204,8 +207,19 @@ def _layers_in_flight(shape, run, stage: int, in_flight: int) -> int:
     sizes = [stop - start for start, stop in ranges]
     if len(set(sizes)) == 1:
         return in_flight * sizes[0]
-    actions = make_schedule(run.schedule, run.pp_size, run.num_microbatches, run.v)[stage]
-    return peak_layers_in_flight(actions, sizes)
+    return _peak_layers(run.schedule, run.pp_size, run.num_microbatches, run.v, stage, tuple(sizes))
+
+
+@lru_cache(maxsize=4096)
+def _peak_layers(schedule: str, p: int, m: int, v: int, stage: int, sizes: tuple) -> int:
+    """:func:`labkit.pipeline.schedules.peak_layers_in_flight` over the rank's actions, kept: a
+    planner's sweep asks the same (p, m, v, stage) again and again."""
+    return peak_layers_in_flight(_schedule(schedule, p, m, v)[stage], list(sizes))
+
+
+@lru_cache(maxsize=256)
+def _schedule(schedule: str, p: int, m: int, v: int) -> list:
+    return make_schedule(schedule, p, m, v)
 
 
 def _transient(shape, run, stage: int, s: int, b: int, e: int, layer: dict, policy: str) -> int:

@@ -7,11 +7,13 @@
 from .._lazy import lazy_exports
 from .analytic import (RECOMPUTE, ActivationBytes, ModelStateBytes, activation_bytes, head_bytes,
                        korthikanti_activation_bytes, llama_layer_bytes, model_state_bytes)
+from .fused import KERNELS, fused_llama_layer_bytes
 
 __all__ = [
     # analytic: Chapter 1's formulas
     "ModelStateBytes", "model_state_bytes", "ActivationBytes", "activation_bytes",
     "korthikanti_activation_bytes", "llama_layer_bytes", "head_bytes", "RECOMPUTE",
+    "KERNELS", "fused_llama_layer_bytes",
     # measured: the meter and the one step loop
     "CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
     "optimizer_tensors", "train_step",

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from ..context_parallel.analytic import check_cp_seq_len
 from ..expert_parallel.analytic import check_ep_size
 from ..memory.analytic import ATTENTION, RECOMPUTE
+from ..memory.fused import KERNELS
 from ..pipeline.analytic import check_pipeline, default_schedule
 from ..tensor_parallel.rules import check_sequence_parallel
 from ..validate import check_bool, check_choice, check_int
@@ -53,9 +54,11 @@ class RunConfig:
     ``schedule`` None: :func:`labkit.pipeline.analytic.default_schedule` (interleaved when v > 1,
     1F1B when m >= p, else GPipe). ``seq_len`` None: the model's. ``offload``: optimizer states and
     gradients on the CPU (ZeRO-Offload); ``offload_params``: ZeRO-3's parameters too (DeepSpeed's
-    ``offload_param``). ``reshard_after_forward`` False keeps ZeRO-3's gathered parameters from the
-    forward to the backward (FSDP's option: one gather a micro-batch instead of two, the whole
-    stage's parameters held). ``overlap_grad_reduce``: the gradient reduction runs under the
+    ``offload_param``). ``reshard_after_forward`` False keeps ZeRO-3's gathered parameters until
+    the step ends (FSDP's option: one gather a step instead of two a micro-batch, the whole
+    stage's parameters held). ``kernels``: "labkit" (the activations labkit's model keeps, as the
+    meter measures them) or "fused" (production fused kernels' count, ``labkit.memory.fused``).
+    ``overlap_grad_reduce``: the gradient reduction runs under the
     backward (its time hidden behind compute in the step-time model).
     """
 
@@ -77,6 +80,7 @@ class RunConfig:
     offload: bool = False
     offload_params: bool = False
     attention: str = "flash"
+    kernels: str = "labkit"
     reshard_after_forward: bool = True
     overlap_grad_reduce: bool = False
 
@@ -92,6 +96,7 @@ class RunConfig:
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("zero_stage", self.zero_stage, STAGES)
         check_attention(self.attention)
+        check_choice("kernels", self.kernels, KERNELS)
         if self.schedule is None:
             object.__setattr__(self, "schedule", default_schedule(self.pp_size, self.num_microbatches, self.v))
 

@@ -132,8 +132,10 @@ def _data_traffic(run, rank_params: int, layers: int) -> tuple[float, int]:
         calls = 2  # an all-reduce: 2 (R - 1) steps, as a reduce-scatter and an all-gather
     elif run.zero_stage == 2:
         calls = m + 1
-    else:  # per layer (labkit's unit) and micro-batch: the gathers and the reduce-scatter
-        calls = layers * m * (3 if run.reshard_after_forward else 2)
+    elif run.reshard_after_forward:  # per layer (labkit's unit) and micro-batch: two gathers, a reduce-scatter
+        calls = layers * m * 3
+    else:  # per layer: one gather a step, a reduce-scatter a micro-batch
+        calls = layers * (m + 1)
     return sent, calls * (r - 1)
 
 

@@ -126,9 +126,10 @@ def step_comm_volume(n_params: int, stage: int, num_microbatches: int = 1, *,
     accumulated gradients once a step (2Ψ: an all-reduce, or a reduce-scatter and the all-gather of
     the updated shards); stage 2 reduce-scatters after every micro-batch's backward (mΨ) and gathers
     the updated parameters once (Ψ); stage 3 gathers the parameters for every forward and again for
-    every backward and reduce-scatters every backward (3mΨ; 2mΨ when the gathered parameters are
-    kept from forward to backward, ``reshard_after_forward=False``). Weighted as
-    :data:`VOLUME_WEIGHT` (an all-reduce counts 2)."""
+    every backward and reduce-scatters every backward (3mΨ). With ``reshard_after_forward=False``
+    stage 3 keeps the gathered parameters until the step ends (FSDP's option, torchtitan's default
+    under a pipeline, Llama 3's setting): one gather a step and a reduce-scatter a micro-batch,
+    (m + 1)Ψ. Weighted as :data:`VOLUME_WEIGHT` (an all-reduce counts 2)."""
     check_choice("stage", stage, STAGES)
     psi, m = check_int("n_params", n_params, 0), check_int("num_microbatches", num_microbatches, 1)
     if not isinstance(reshard_after_forward, bool):
@@ -137,7 +138,7 @@ def step_comm_volume(n_params: int, stage: int, num_microbatches: int = 1, *,
         return {"reduce_scatter": psi, "all_gather": psi}
     if stage == 2:
         return {"reduce_scatter": m * psi, "all_gather": psi}
-    return {"reduce_scatter": m * psi, "all_gather": (2 if reshard_after_forward else 1) * m * psi}
+    return {"reduce_scatter": m * psi, "all_gather": (2 * m if reshard_after_forward else 1) * psi}
 
 
 @dataclass(frozen=True)
