@@ -11,6 +11,9 @@ lab's image into it when it resolves the reference::
 
     The caption: one paragraph.
     ```
+
+In the Chinese edition it shows the lab's Chinese figure, ``fa_tiles_fig_zh``, where the lab drew
+one (``labkit.book.glue_figure``; _ext/i18n_glue.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from docutils.parsers.rst import directives
 from myst_nb.ext.glue.utils import PendingGlueReferenceError, create_pending_glue_ref
 from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
+
+from i18n_glue import chinese_key
 
 
 class GluedFigure(SphinxDirective):
@@ -37,7 +42,9 @@ class GluedFigure(SphinxDirective):
         source, line = self.get_source_info()
         try:
             image = create_pending_glue_ref(self.state.document, source, line,
-                                            self.options["doc"], self.arguments[0])
+                                            self.options["doc"],
+                                            chinese_key(self.env, self.options["doc"],
+                                                        self.arguments[0]))
         except PendingGlueReferenceError as exc:
             raise self.error(str(exc)) from exc
         holder = nodes.Element()
