@@ -719,3 +719,45 @@ def test_publishing_rewrites_the_address_in_the_catalogues(tmp_path):
     assert new_link in message.id and new_link in message.string, message
     assert sru.disagreements(root) == []
 
+
+# ----------------------------------------------------------------------------- Chinese labs
+zh_labs = _load("zh_labs_script", ROOT / "scripts" / "zh_labs.py")
+LABS = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_chinese_lab_is_the_english_lab_translated(lab):
+    """labs/zh/<lab> is what scripts/zh_labs.py writes from the English lab and its catalogue:
+    every Markdown message translated, the code cells and their outputs (the numbers) the English
+    ones, so nbval's check of the English lab covers it."""
+    english, written = ROOT / "labs" / lab, ROOT / "labs" / "zh" / lab
+    assert written.is_file(), f"labs/zh/{lab} is missing: python scripts/zh_labs.py"
+    nb, missing = zh_labs.chinese_lab(english)
+    assert not missing, f"{lab}: untranslated in the Chinese lab: {missing}"
+    assert written.read_text(encoding="utf-8") == zh_labs.text_of(nb), (
+        f"labs/zh/{lab} is stale: python scripts/zh_labs.py {lab[:2]}")
+    cells = [json.loads(p.read_text(encoding="utf-8"))["cells"] for p in (english, written)]
+    assert [c["cell_type"] for c in cells[0]] == [c["cell_type"] for c in cells[1]]
+    for en, zh in zip(*cells):
+        if en["cell_type"] == "code":
+            assert (en["source"], en["outputs"]) == (zh["source"], zh["outputs"]), (
+                f"labs/zh/{lab}: a code cell or its outputs differ from the English lab")
+        elif re.search(r"[A-Za-z]{3}", "".join(en["source"])):
+            assert re.search(r"[\u4e00-\u9fff]", "".join(zh["source"])), (
+                f"labs/zh/{lab}: a Markdown cell without Chinese: {''.join(zh['source'])[:80]}")
+
+
+def test_chinese_lab_pages_open_the_chinese_labs(built_book):
+    """A Chinese lab page's Colab and download buttons open labs/zh/<lab> (_ext/chinese_labs.py),
+    which the build serves; the English page's open the English lab."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    for lab in LABS:
+        page = f"labs/{Path(lab).stem}.html"
+        english = (built_book.html / page).read_text(encoding="utf-8")
+        chinese = (built_book.zh_html / page).read_text(encoding="utf-8")
+        colab = r'href="https://colab\.research\.google\.com/github/[^"]*/blob/[^"]*/labs/%s"'
+        assert re.search(colab % re.escape(lab), english), f"{page}: no Colab link to {lab}"
+        assert re.search(colab % re.escape(f"zh/{lab}"), chinese), (
+            f"zh {page}: its Colab link does not open labs/zh/{lab}")
+        assert f"_sources/labs/zh/{lab}" in chinese, f"zh {page}: no download of labs/zh/{lab}"
+        assert (built_book.zh_html / "_sources" / "labs" / "zh" / lab).is_file()
