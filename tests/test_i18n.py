@@ -689,6 +689,33 @@ def test_a_glue_role_in_a_translated_lab_paragraph_reads_the_lab():
     assert glue.own_notebook_text("ckpt_block_over_input", parsing) == "ckpt_block_over_input"
 
 
+def test_the_chinese_edition_reads_a_glued_key_s_chinese_twin():
+    """In the Chinese edition a glue role or {glued-figure} naming a key whose lab also glued
+    key_zh reads the twin; a number (no twin) and the English edition read the key itself."""
+    glue = _load("i18n_glue", ROOT / "_ext" / "i18n_glue.py")
+
+    class Env:
+        docname = "chapters/09_planning"
+
+        def __init__(self, language):
+            self.config = type("Config", (), {"language": language})()
+
+        def relfn2path(self, rel, docname):
+            path = (ROOT / docname).parent / rel
+            return rel, str(path.resolve())
+
+    def document(language):
+        return type("Document", (dict,), {"settings": type("S", (), {"env": Env(language)})()})()
+
+    lab = "../labs/09_planning.ipynb"
+    chinese, english = document("zh_CN"), document("en")
+    assert glue.in_page_language(f"{lab}::pl_70b_sp:s", chinese, True) == f"{lab}::pl_70b_sp_zh:s"
+    assert glue.in_page_language(f"{lab}::pl_70b_sp:s", english, True) == f"{lab}::pl_70b_sp:s"
+    assert glue.in_page_language(f"{lab}::pl_70b_gb:.1f", chinese, True) == f"{lab}::pl_70b_gb:.1f"
+    assert glue.chinese_key(Env("zh_CN"), lab, "pl_70b_fig") == "pl_70b_fig_zh"
+    assert glue.chinese_key(Env("zh_CN"), lab, "pl_70b_fit") == "pl_70b_fit"
+
+
 def test_publishing_rewrites_the_address_in_the_catalogues(tmp_path):
     """scripts/set_repo_url.py writes the new address into the catalogues too, English and
     translation, even where the catalogue wraps the URL over two lines: publishing leaves no
