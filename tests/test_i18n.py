@@ -399,6 +399,11 @@ def test_every_figure_is_drawn_in_chinese():
         assert twin.is_file(), f"{figure.name} has no Chinese twin {twin.name}"
         assert twin.read_bytes() != figure.read_bytes(), f"{twin.name} is the English figure"
         assert _png_size(twin) == _png_size(figure), f"{twin.name}: another size"
+    for badge in (ROOT / "chapters" / "figures").glob("*.svg"):  # the Colab badge's words
+        if not badge.stem.endswith(".zh_CN"):
+            twin = badge.with_name(f"{badge.stem}.zh_CN.svg")
+            assert twin.is_file(), f"{badge.name} has no Chinese twin {twin.name}"
+            assert re.search(r">[^<]*[\u4e00-\u9fff][^<]*</text>", twin.read_text(encoding="utf-8"))
     import yaml
 
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
