@@ -17,6 +17,10 @@ from labkit.busy import busy_note, timeout_scale
 
 ROOT = Path(__file__).resolve().parent
 
+# The Chinese labs (scripts/zh_labs.py) are the English ones' code and outputs with translated
+# Markdown: tests/test_i18n.py checks that they are exactly that, so nbval need not run them again.
+collect_ignore_glob = ["labs/zh/*"]
+
 
 # Labs whose cells check an equivalence against round-off (accumulated = full batch, ...): all
 # their cells carry the ``roundoff`` mark, so ``pytest -m roundoff`` re-runs them from the top

@@ -11,15 +11,29 @@ lab's image into it when it resolves the reference::
 
     The caption: one paragraph.
     ```
+
+In the Chinese edition it shows the lab's Chinese figure, ``fa_tiles_fig_zh``, where the lab drew
+one (``labkit.book.glue_figure``; _ext/i18n_glue.py).
+
+myst-nb points such a figure at ``_images/<sha256>.png`` and leaves the file to the lab's own page,
+which holds only the figures the lab displays: the Chinese twin, glued but never displayed, would
+be missing. ``WriteGluedImages`` writes each glued image a page shows into ``_images``.
 """
 
 from __future__ import annotations
+
+import hashlib
+from binascii import a2b_base64
+from pathlib import Path
 
 from docutils import nodes
 from docutils.parsers.rst import directives
 from myst_nb.ext.glue.utils import PendingGlueReferenceError, create_pending_glue_ref
 from sphinx.application import Sphinx
+from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util.docutils import SphinxDirective
+
+from i18n_glue import chinese_key
 
 
 class GluedFigure(SphinxDirective):
@@ -37,7 +51,9 @@ class GluedFigure(SphinxDirective):
         source, line = self.get_source_info()
         try:
             image = create_pending_glue_ref(self.state.document, source, line,
-                                            self.options["doc"], self.arguments[0])
+                                            self.options["doc"],
+                                            chinese_key(self.env, self.options["doc"],
+                                                        self.arguments[0]))
         except PendingGlueReferenceError as exc:
             raise self.error(str(exc)) from exc
         holder = nodes.Element()
@@ -56,6 +72,32 @@ class GluedFigure(SphinxDirective):
         return [figure]
 
 
+class WriteGluedImages(SphinxPostTransform):
+    """Before myst-nb resolves a page's glue references to other documents (its priority 5),
+    write each glued PNG they show where myst-nb's image node will point: _images/<sha256>.png."""
+
+    default_priority = 4
+
+    def run(self, **kwargs) -> None:
+        from myst_nb.ext.glue.crossref import read_glue_cache
+        from myst_nb.ext.glue.utils import PendingGlueReference
+
+        builder = self.app.builder
+        if not getattr(builder, "imagedir", ""):
+            return
+        for node in self.document.findall(PendingGlueReference):
+            glued = read_glue_cache(self.env.mystnb_config.output_folder, node.refdoc)
+            png = glued.get(node.key, {}).get("data", {}).get("image/png")
+            if node.gtype == "text" or not png:
+                continue
+            data = a2b_base64(png)
+            path = Path(builder.outdir) / builder.imagedir / f"{hashlib.sha256(data).hexdigest()}.png"
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+
+
 def setup(app: Sphinx) -> dict:
     app.add_directive("glued-figure", GluedFigure)
+    app.add_post_transform(WriteGluedImages)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

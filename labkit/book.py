@@ -1,23 +1,123 @@
-"""What a lab needs from the book that it is part of: ``glue``, which hands a number to a chapter.
+"""What a lab needs from the book that it is part of: ``glue``, which hands a value to a chapter.
 
 When the book is built, :func:`myst_nb.glue` stores the value in the notebook's outputs for the
 chapter's ``{glue}`` roles; anywhere else (Colab, a plain Jupyter) the call does nothing.
+
+A value that is words or a figure comes in each edition's language: ``glue(name, english,
+zh=chinese)`` also glues ``name + ZH_SUFFIX``, and the Chinese edition reads that key wherever a
+page asks for ``name`` (_ext/i18n_glue.py). :func:`glue_figure` draws a figure once per language,
+the Chinese one with a CJK font; :data:`CHINESE` words the labels the labs glue (phases, memory
+terms, recomputation policies) and :func:`overflow_text` a planner's overflow, in either language.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+
 from .validate import check_bool
 
-__all__ = ["glue"]
+__all__ = ["glue", "glue_figure", "chinese_figures", "chinese_text", "overflow_text", "CHINESE",
+           "ZH_SUFFIX", "CJK_FONTS"]
+
+ZH_SUFFIX = "_zh"
+# The Chinese figures' fonts, the first one installed wins (fonts-noto-cjk, which the browser test
+# already needs); DejaVu Sans draws what they lack.
+CJK_FONTS = ["Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "DejaVu Sans"]
+
+# The words labs glue, in Chinese (locales/zh_CN/GLOSSARY.md), by kind: a step's phases
+# (labkit.memory's meter), the memory terms (labkit.plan.TERMS), the recomputation policies.
+CHINESE = {
+    "phase": {"forward": "前向传播", "backward": "反向传播", "optimizer": "优化器更新"},
+    "term": {"params": "参数", "grads": "梯度", "optimizer": "优化器状态",
+             "activations": "激活值", "transient": "临时缓冲区"},
+    "recompute": {"none": "不重计算", "selective": "选择性重计算", "full": "完全重计算",
+                  "sqrt": "√n 分段检查点"},
+}
 
 
-def glue(name: str, value, display: bool = True):
-    """``myst_nb.glue(name, value, display)`` when myst-nb is installed; nothing otherwise."""
+def chinese_text(kind: str, word: str) -> str:
+    """The Chinese of ``word``, one of :data:`CHINESE`'s words of ``kind``."""
+    if kind not in CHINESE:
+        raise ValueError(f"kind={kind!r} must be one of {sorted(CHINESE)}")
+    if word not in CHINESE[kind]:
+        raise ValueError(f"word={word!r} is no {kind} of labkit.book.CHINESE; "
+                         f"valid: {sorted(CHINESE[kind])}")
+    return CHINESE[kind][word]
+
+
+def overflow_text(term: str, so_far: float, limit: float, language: str = "en",
+                  digits: int = 1) -> str:
+    """A layout that does not fit, from the planner's numbers (GB): the first memory term whose
+    running total passes the limit, that total, the limit. English as labkit.plan words it
+    ("params: 141.0 GB of 77.0 GB"), or Chinese."""
+    if language == "en":
+        return f"{term}: {so_far:.{digits}f} GB of {limit:.{digits}f} GB"
+    if language == "zh":
+        return (f"计入{chinese_text('term', term)}后已达 {so_far:.{digits}f} GB，"
+                f"超过上限 {limit:.{digits}f} GB")
+    raise ValueError(f"language={language!r} must be 'en' or 'zh'")
+
+
+def glue(name: str, value, display: bool = True, *, zh=None):
+    """``myst_nb.glue(name, value, display)`` when myst-nb is installed; nothing otherwise.
+
+    With ``zh`` (words or a figure for the Chinese edition) it also glues ``name + ZH_SUFFIX``,
+    never displayed."""
+    _check_name(name)
+    check_bool("display", display)
+    if zh is not None:
+        _myst_glue(name + ZH_SUFFIX, zh, False)
+    return _myst_glue(name, value, display)
+
+
+def _check_name(name) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"name={name!r} must be a non-empty str (the key a chapter's {{glue}} uses)")
-    check_bool("display", display)
+    if name.endswith(ZH_SUFFIX):
+        raise ValueError(f"name={name!r} must not end in {ZH_SUFFIX!r}: pass the Chinese as zh=")
+
+
+def _myst_glue(name: str, value, display: bool):
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
         return None
     return myst_glue(name, value, display=display)
+
+
+@contextlib.contextmanager
+def chinese_figures():
+    """Matplotlib draws with a CJK font inside, and says nothing when one is missing (Colab):
+    the Chinese figure is for the book, which is built where fonts-noto-cjk is installed."""
+    import matplotlib
+
+    font_log = logging.getLogger("matplotlib.font_manager")
+    level = font_log.level
+    font_log.setLevel(logging.ERROR)
+    try:
+        with matplotlib.rc_context({"font.family": "sans-serif", "font.sans-serif": CJK_FONTS,
+                                    "axes.unicode_minus": False}), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"(?s).*missing from font")
+            yield
+    finally:
+        font_log.setLevel(level)
+
+
+def glue_figure(name: str, draw):
+    """Glue ``draw(english)`` as ``name`` and ``draw(chinese)`` as its Chinese twin (neither
+    displayed); returns the English figure. ``draw(t)`` makes the figure and writes each text as
+    ``t("english", "中文")``: the data and the numbers are drawn once, by the same code."""
+    import matplotlib.pyplot as plt
+
+    if not callable(draw):
+        raise TypeError(f"draw={draw!r} must be a function t -> figure")
+    _check_name(name)
+    english = draw(lambda en, zh: en)
+    _myst_glue(name, english, False)  # the PNG is made now: outside the CJK font's context
+    with chinese_figures():
+        chinese = draw(lambda en, zh: zh)
+        _myst_glue(name + ZH_SUFFIX, chinese, False)
+    plt.close(chinese)
+    return english

@@ -348,20 +348,81 @@ def test_chinese_page_is_built_and_links_both_ways(built_book, toc_page):
     assert (built_book.zh_html / "_static" / "mathjax" / "tex-mml-chtml.js").is_file()
 
 
+_NUMBER = re.compile(r"[\d\s.,:%+\-−×x/()]*\d[\d\s.,:%+\-−×x/()]*")
+
+
 def test_chinese_page_images_and_glued_numbers(built_book, toc_page):
-    """The Chinese page shows the same figures (the same image files) and the same glued numbers
-    as the English one: they come from the labs, not from a copy."""
+    """The Chinese page shows as many figures as the English one, and outside the labs' own
+    pages (their outputs) each in Chinese: another image file, its twin drawn from the same
+    numbers. Its glued numbers are the English page's: they come from the labs, not from a
+    copy; glued words differ, in the page's language."""
     pages = (built_book.html / f"{toc_page}.html", built_book.zh_html / f"{toc_page}.html")
     texts = [p.read_text(encoding="utf-8") for p in pages]
     imgs = [re.findall(r'<img[^>]*src="([^"]+)"', t) for t in texts]
     assert len(imgs[0]) == len(imgs[1]), (
         f"{toc_page}: {len(imgs[0])} images in English, {len(imgs[1])} in Chinese")
-    for src in imgs[1]:
-        if urlsplit(src).scheme not in ("http", "https", "data"):
-            target = (pages[1].parent / unquote(urlsplit(src).path)).resolve()
-            assert target.is_file(), f"zh {toc_page}: <img src={src!r}> is missing"
+    files = [[(page.parent / unquote(urlsplit(src).path)).resolve() for src in srcs
+              if urlsplit(src).scheme not in ("http", "https", "data")]
+             for page, srcs in zip(pages, imgs)]
+    for target in files[1]:
+        assert target.is_file(), f"zh {toc_page}: <img src={target.name!r}> is missing"
+    if not toc_page.startswith("labs/"):
+        for en, zh in zip(*files):
+            if en.suffix == ".png":
+                assert en.read_bytes() != zh.read_bytes(), (
+                    f"zh {toc_page}: shows the English figure {en.name}")
     glued = [re.findall(r'<span class="pasted-text">(.*?)</span>', t) for t in texts]
-    assert sorted(glued[0]) == sorted(glued[1]), f"{toc_page}: glued numbers differ: {glued}"
+    assert len(glued[0]) == len(glued[1]), f"{toc_page}: glued texts differ in number: {glued}"
+    numbers = [sorted(g for g in gs if _NUMBER.fullmatch(g)) for gs in glued]
+    assert numbers[0] == numbers[1], f"{toc_page}: glued numbers differ: {numbers}"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's header."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_every_figure_is_drawn_in_chinese():
+    """Each static figure (scripts/make_figures.py) has its Chinese twin NAME.zh_CN.png, which
+    the Chinese edition shows (Sphinx's figure_language_filename, left at its default), the same
+    size in pixels; each figure a lab glues has its Chinese twin ``key_zh``, another image (the
+    inline backend crops each to its drawing, so their sizes may differ)."""
+    figures = sorted((ROOT / "chapters" / "figures").glob("*.png"))
+    english = [f for f in figures if not f.stem.endswith(".zh_CN")]
+    make_figures = _load("make_figures", ROOT / "scripts" / "make_figures.py")
+    assert sorted(f.stem for f in english) == sorted(make_figures.FIGURES), (
+        "chapters/figures/ and scripts/make_figures.py draw different figures")
+    for figure in english:
+        twin = figure.with_name(f"{figure.stem}.zh_CN.png")
+        assert twin.is_file(), f"{figure.name} has no Chinese twin {twin.name}"
+        assert twin.read_bytes() != figure.read_bytes(), f"{twin.name} is the English figure"
+        assert _png_size(twin) == _png_size(figure), f"{twin.name}: another size"
+    for badge in (ROOT / "chapters" / "figures").glob("*.svg"):  # the Colab badge's words
+        if not badge.stem.endswith(".zh_CN"):
+            twin = badge.with_name(f"{badge.stem}.zh_CN.svg")
+            assert twin.is_file(), f"{badge.name} has no Chinese twin {twin.name}"
+            assert re.search(r">[^<]*[\u4e00-\u9fff][^<]*</text>", twin.read_text(encoding="utf-8"))
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    pattern = config["sphinx"]["config"].get("figure_language_filename", "{root}.{language}{ext}")
+    assert pattern == "{root}.{language}{ext}", f"figure_language_filename is {pattern!r}"
+    import base64
+
+    glued_figures = 0
+    for lab in sorted((ROOT / "labs").glob("*.ipynb")):
+        glued = _lab_glue(lab)
+        for key, bundle in glued.items():
+            if "image/png" not in bundle or key.endswith("_zh"):
+                continue
+            glued_figures += 1
+            twin = glued.get(key + "_zh", {})
+            assert "image/png" in twin, f"{lab.name}: figure {key} has no Chinese twin {key}_zh"
+            pngs = [base64.b64decode("".join(b["image/png"])) for b in (bundle, twin)]
+            assert pngs[0] != pngs[1], f"{lab.name}: {key}_zh is the English figure"
+    assert glued_figures >= 10, f"only {glued_figures} glued figures found in the labs"
 
 
 class _ProseText(HTMLParser):
@@ -454,20 +515,14 @@ _PARTS = {"heading": "article h1, article h2, article h3, article h4, article h5
 @functools.lru_cache(maxsize=None)
 def _shown(page: str) -> dict[str, list[str]]:
     """{part: the texts a reader sees} of a built page (one parse per page for all the tests
-    below), without code, math, lab outputs or citations. In "prose" the glued texts of
-    ENGLISH_GLUE_KEYS are left out; the other parts keep them."""
+    below), without code, math, lab outputs or citations. Glued text is kept: the labs glue
+    words in the page's language (labkit.book.glue's ``zh=``)."""
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(Path(page).read_text(encoding="utf-8"), "html.parser")
     for element in soup.select(_NOT_PROSE):
         element.decompose()
-    shown = {part: _texts(soup, selector) for part, selector in _PARTS.items() if part != "prose"}
-    english_glue = set(glued_texts().values())
-    for span in soup.select("span.pasted-text"):
-        if span.get_text() in english_glue:
-            span.decompose()
-    shown["prose"] = _texts(soup, _PARTS["prose"])
-    return shown
+    return {part: _texts(soup, selector) for part, selector in _PARTS.items()}
 
 
 def test_english_words_rule():
@@ -506,51 +561,51 @@ def test_chinese_page_shows_its_translations(built_book, toc_page):
     assert not dropped, f"zh {toc_page}: shown in English though translated: {dropped}"
 
 
-# Text glued from the labs that is still English words, not numbers (the labs glue it; they
-# are being changed to glue numbers or a text per language). The prose scan below leaves out the
-# glued values of exactly these keys, and nothing else; delete a key once its lab no longer
-# glues English.
-ENGLISH_GLUE_KEYS = (
-    "01_memory_wall::step1_peak_phase", "01_memory_wall::step2_peak_phase",
-    "01_memory_wall::peak_7b_phase", "01_memory_wall::peak_7b_first_phase",
-    "02_zero::zero_comm_dp_stage12", "06_pipeline::pp_plan_paper",
-    "09_planning::pl_states_equal", "09_planning::pl_ft_reason", "09_planning::pl_ft_offload_rc",
-    "09_planning::pl_ft_bf16_rc", "09_planning::pl_70b_nofit_msg", "09_planning::pl_70b_recompute",
-    "09_planning::pl_70b_sp", "09_planning::pl_70b_dp0", "09_planning::pl_70b_flat_rc",
-)
-
-
-@functools.lru_cache(maxsize=None)
-def glued_texts(keys=ENGLISH_GLUE_KEYS) -> dict[str, str]:
-    """{lab::key: the text it glues} for string-valued glue keys, read from the labs' outputs."""
-    import ast
-
+def _lab_glue(lab: Path) -> dict[str, dict]:
+    """{key: the mime bundle it glued} of a lab's committed outputs."""
     found = {}
-    for key in keys:
-        lab, name = key.split("::")
-        notebook = json.loads((ROOT / "labs" / f"{lab}.ipynb").read_text(encoding="utf-8"))
-        for cell in notebook["cells"]:
-            for output in cell.get("outputs", []):
-                scrap = output.get("metadata", {}).get("scrapbook", {})
-                if scrap.get("name") == name:
-                    value = output["data"][scrap["mime_prefix"] + "text/plain"]
-                    found[key] = ast.literal_eval("".join(value))
+    for cell in json.loads(lab.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []):
+            scrap = output.get("metadata", {}).get("scrapbook", {})
+            if scrap.get("name"):
+                prefix = scrap["mime_prefix"]
+                found[scrap["name"]] = {k[len(prefix):]: v for k, v in output["data"].items()
+                                        if k.startswith(prefix)}
     return found
 
 
-def test_english_glue_keys_are_still_english():
-    """Each key left out of the prose scan still glues English words (else delete it)."""
+def _glued_words(bundle: dict) -> str | None:
+    """The text a glue bundle holds when it is words (a str), else None (a number, a figure)."""
+    import ast
+
+    if "image/png" in bundle:
+        return None
+    value = ast.literal_eval("".join(bundle.get("text/plain", "None")))
+    return value if isinstance(value, str) else None
+
+
+@pytest.mark.parametrize("lab", sorted(p.name for p in (ROOT / "labs").glob("*.ipynb")))
+def test_glued_words_have_a_chinese_twin(lab):
+    """A lab that glues English words glues their Chinese too (``key_zh``, which the Chinese
+    edition reads: _ext/i18n_glue.py), and the Chinese has no English word; a twin's key exists
+    in English too. Numbers need no twin: the prose of each language carries the words."""
+    glued = _lab_glue(ROOT / "labs" / lab)
     kept = kept_latin()
-    texts = glued_texts()
-    assert sorted(texts) == sorted(ENGLISH_GLUE_KEYS), "a listed glue key no longer exists"
-    fixed = [key for key, text in texts.items() if not english_words(text, kept)]
-    assert not fixed, f"these labs no longer glue English: delete them here: {fixed}"
+    twins = {k for k in glued if k.endswith("_zh")}
+    assert all(k[:-3] in glued for k in twins), f"{lab}: a _zh key without its English key"
+    missing = sorted(k for k, bundle in glued.items() if k not in twins
+                     and (text := _glued_words(bundle)) and english_words(text, kept)
+                     and k + "_zh" not in glued)
+    assert not missing, f"{lab} glues English words with no Chinese twin: {missing}"
+    english = {k: words for k in twins
+               if (words := english_words(_glued_words(glued[k]) or "", kept))}
+    assert not english, f"{lab}: English words in Chinese glue: {english}"
 
 
 def test_chinese_prose_has_no_english_words(built_book, toc_page):
     """Every Chinese page's prose (paragraphs, list items, captions, admonition titles) shows no
     Latin word outside the glossary's "Kept in English" list. Left out: code, math, lab outputs,
-    citations, and the glued texts of ENGLISH_GLUE_KEYS (by their values)."""
+    citations. Glued text is scanned too (the labs glue it in the page's language)."""
     assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
     kept = kept_latin()
     texts = _shown(str(built_book.zh_html / f"{toc_page}.html"))["prose"]
@@ -639,6 +694,33 @@ def test_a_glue_role_in_a_translated_lab_paragraph_reads_the_lab():
     assert glue.own_notebook_text("ckpt_block_over_input", parsing) == "ckpt_block_over_input"
 
 
+def test_the_chinese_edition_reads_a_glued_key_s_chinese_twin():
+    """In the Chinese edition a glue role or {glued-figure} naming a key whose lab also glued
+    key_zh reads the twin; a number (no twin) and the English edition read the key itself."""
+    glue = _load("i18n_glue", ROOT / "_ext" / "i18n_glue.py")
+
+    class Env:
+        docname = "chapters/09_planning"
+
+        def __init__(self, language):
+            self.config = type("Config", (), {"language": language})()
+
+        def relfn2path(self, rel, docname):
+            path = (ROOT / docname).parent / rel
+            return rel, str(path.resolve())
+
+    def document(language):
+        return type("Document", (dict,), {"settings": type("S", (), {"env": Env(language)})()})()
+
+    lab = "../labs/09_planning.ipynb"
+    chinese, english = document("zh_CN"), document("en")
+    assert glue.in_page_language(f"{lab}::pl_70b_sp:s", chinese, True) == f"{lab}::pl_70b_sp_zh:s"
+    assert glue.in_page_language(f"{lab}::pl_70b_sp:s", english, True) == f"{lab}::pl_70b_sp:s"
+    assert glue.in_page_language(f"{lab}::pl_70b_gb:.1f", chinese, True) == f"{lab}::pl_70b_gb:.1f"
+    assert glue.chinese_key(Env("zh_CN"), lab, "pl_70b_fig") == "pl_70b_fig_zh"
+    assert glue.chinese_key(Env("zh_CN"), lab, "pl_70b_fit") == "pl_70b_fit"
+
+
 def test_publishing_rewrites_the_address_in_the_catalogues(tmp_path):
     """scripts/set_repo_url.py writes the new address into the catalogues too, English and
     translation, even where the catalogue wraps the URL over two lines: publishing leaves no
@@ -668,3 +750,46 @@ def test_publishing_rewrites_the_address_in_the_catalogues(tmp_path):
     new_link = "(https://github.com/new-owner/gpu-course/blob/published/GPU_RESULTS.md)"
     assert new_link in message.id and new_link in message.string, message
     assert sru.disagreements(root) == []
+
+
+# ----------------------------------------------------------------------------- Chinese labs
+zh_labs = _load("zh_labs_script", ROOT / "scripts" / "zh_labs.py")
+LABS = sorted(p.name for p in (ROOT / "labs").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_chinese_lab_is_the_english_lab_translated(lab):
+    """labs/zh/<lab> is what scripts/zh_labs.py writes from the English lab and its catalogue:
+    every Markdown message translated, the code cells and their outputs (the numbers) the English
+    ones, so nbval's check of the English lab covers it."""
+    english, written = ROOT / "labs" / lab, ROOT / "labs" / "zh" / lab
+    assert written.is_file(), f"labs/zh/{lab} is missing: python scripts/zh_labs.py"
+    nb, missing = zh_labs.chinese_lab(english)
+    assert not missing, f"{lab}: untranslated in the Chinese lab: {missing}"
+    assert written.read_text(encoding="utf-8") == zh_labs.text_of(nb), (
+        f"labs/zh/{lab} is stale: python scripts/zh_labs.py {lab[:2]}")
+    cells = [json.loads(p.read_text(encoding="utf-8"))["cells"] for p in (english, written)]
+    assert [c["cell_type"] for c in cells[0]] == [c["cell_type"] for c in cells[1]]
+    for en, zh in zip(*cells):
+        if en["cell_type"] == "code":
+            assert (en["source"], en["outputs"]) == (zh["source"], zh["outputs"]), (
+                f"labs/zh/{lab}: a code cell or its outputs differ from the English lab")
+        elif re.search(r"[A-Za-z]{3}", "".join(en["source"])):
+            assert re.search(r"[\u4e00-\u9fff]", "".join(zh["source"])), (
+                f"labs/zh/{lab}: a Markdown cell without Chinese: {''.join(zh['source'])[:80]}")
+
+
+def test_chinese_lab_pages_open_the_chinese_labs(built_book):
+    """A Chinese lab page's Colab and download buttons open labs/zh/<lab> (_ext/chinese_labs.py),
+    which the build serves; the English page's open the English lab."""
+    assert built_book.returncode == 0, f"book build failed:\n{built_book.log[-6000:]}"
+    for lab in LABS:
+        page = f"labs/{Path(lab).stem}.html"
+        english = (built_book.html / page).read_text(encoding="utf-8")
+        chinese = (built_book.zh_html / page).read_text(encoding="utf-8")
+        colab = r'href="https://colab\.research\.google\.com/github/[^"]*/blob/[^"]*/labs/%s"'
+        assert re.search(colab % re.escape(lab), english), f"{page}: no Colab link to {lab}"
+        assert re.search(colab % re.escape(f"zh/{lab}"), chinese), (
+            f"zh {page}: its Colab link does not open labs/zh/{lab}")
+        assert f"_sources/labs/zh/{lab}" in chinese, f"zh {page}: no download of labs/zh/{lab}"
+        assert (built_book.zh_html / "_sources" / "labs" / "zh" / lab).is_file()

@@ -250,6 +250,10 @@ def test_a_batch_or_text_of_the_wrong_kind_is_named(call, message):
     (lambda: labkit.model.GPT("tiny"), "cfg='tiny' must be a GPTConfig"),
     (lambda: labkit.book.glue("x", 1, display="no"), "display='no' must be True or False"),
     (lambda: labkit.book.glue(3, 1), "name=3 must be a non-empty str"),
+    (lambda: labkit.book.glue("x_zh", 1), "name='x_zh' must not end in '_zh': pass the Chinese as zh="),
+    (lambda: labkit.book.chinese_text("phase", "sideways"), "word='sideways' is no phase"),
+    (lambda: labkit.book.chinese_text("colour", "red"), "kind='colour' must be one of"),
+    (lambda: labkit.book.overflow_text("params", 1.0, 2.0, "fr"), "language='fr' must be 'en' or 'zh'"),
 ])
 def test_the_model_class_and_glue_name_a_bad_argument(call, message):
     with pytest.raises(ValueError, match=message):
