@@ -34,8 +34,8 @@ def main() -> None:
     print("Published runs, as they ran (model vs published; TFLOP/s as each source counts them):")
     for case in PUBLISHED.values():
         print(_line(model_run(case, args.efficiency)))
-        for note in case.unmodelled:
-            print(f"    not modelled: {note}")
+        for note in case.notes:
+            print(f"    note: {note}")
     print("\nNarayanan et al. 2021b, Table 1 (full recomputation, scatter/gather, b = 1 assumed):")
     errors = []
     for row in NARAYANAN_TABLE1:

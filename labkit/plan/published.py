@@ -4,7 +4,7 @@ Torch-free. A :class:`PublishedRun` is a model shape, a cluster and a ``RunConfi
 settings the run reported (its sources are named), with the published throughput (TFLOP/s a GPU,
 counted as the source counts it: ``hfu`` with the recomputed forward, or ``mfu`` without) and, where
 reported, memory a GPU. :func:`model_run` puts the estimator and the step-time model beside them,
-with the model's error. What the model cannot express of a run is said in its ``unmodelled``.
+with the model's error. What the model assumed of a run and what it cannot express are said in its ``notes``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ __all__ = ["PublishedRun", "PUBLISHED", "NARAYANAN_TABLE1", "narayanan_run", "mo
 class PublishedRun:
     """A run as published: what ran (``shape``, ``gpu``, ``num_gpus``, ``run``), on what network
     (GB/s a GPU, one direction), and what was reported (``tflops`` a GPU counted as ``counts``,
-    ``memory_gb`` a GPU or None), with ``source`` and what the model leaves out (``unmodelled``)."""
+    ``memory_gb`` a GPU or None), with ``source`` and ``notes``: what the model assumed of it and
+    what it leaves out."""
 
     name: str
     shape: ModelShape
@@ -36,7 +37,7 @@ class PublishedRun:
     counts: str
     source: str
     memory_gb: float | None = None
-    unmodelled: tuple = ()
+    notes: tuple = ()
 
 
 BLOOM = ModelShape(n_layer=70, d_model=14336, n_head=112, vocab_size=250880, seq_len=2048, pos="rope")  # ALiBi: no parameters
