@@ -8,7 +8,7 @@ what a shape has beyond labkit's GPT block.
 
 from __future__ import annotations
 
-from .validate import check_bool, check_choice, check_float, check_int
+from .validate import ArgumentError, check_bool, check_choice, check_float, check_int
 
 __all__ = ["GATED", "ShapeProperties", "check_shape", "features"]
 
@@ -90,9 +90,11 @@ def _check_heads(shape) -> None:
         for name in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
             check_int(name, getattr(shape, name), 0, 0)
     if shape.d_head is None and not shape.kv_lora_rank and shape.d_model % shape.n_head:
-        raise ValueError(f"n_head={shape.n_head} must divide d_model={shape.d_model} (or give d_head)")
+        raise ArgumentError(f"n_head={shape.n_head} must divide d_model={shape.d_model} (or give d_head)",
+                            "head_divides", n_head=shape.n_head, d_model=shape.d_model)
     if shape.n_head % shape.kv_heads:
-        raise ValueError(f"n_kv_head={shape.n_kv_head} must divide n_head={shape.n_head}")
+        raise ArgumentError(f"n_kv_head={shape.n_kv_head} must divide n_head={shape.n_head}", "kv_divides",
+                            n_kv_head=shape.n_kv_head, n_head=shape.n_head)
     check_int("n_mtp_layers", shape.n_mtp_layers, 0)
 
 

@@ -16,7 +16,7 @@ from ..memory.analytic import (RECOMPUTE, embedding_bytes, head_bytes, korthikan
 from ..pipeline.analytic import max_in_flight
 from ..pipeline.schedules import SCHEDULES
 from ..shapes import ModelShape, preset
-from ..validate import check_bool, check_choice, check_int
+from ..validate import ArgumentError, check_bool, check_choice, check_int
 from ..zero.analytic import STAGES, zero_model_state_bytes
 from .report import breakdown
 
@@ -80,8 +80,8 @@ def check_trainable(shape: ModelShape) -> ModelShape:
     missing = [f for f in shape.features() if f not in TRAINING_MODELS]
     if missing:
         moe = "; a mixture of experts needs an expert-parallel axis (ep), not there yet" if "experts" in missing else ""
-        raise ValueError(f"training estimates do not model {missing} yet (modelled: labkit's block, with "
-                         f"{list(TRAINING_MODELS)}){moe}")
+        raise ArgumentError(f"training estimates do not model {missing} yet (modelled: labkit's block, with "
+                            f"{list(TRAINING_MODELS)}){moe}", "untrainable", missing=missing)
     return shape
 
 
@@ -154,13 +154,15 @@ def _check_args(shape, seq_len, micro_batch, tp, pp, cp, zero_stage, recompute, 
     check_bool("offload", offload)
     shape.check_tp_size(tp)
     if pp > shape.n_layer:
-        raise ValueError(f"dims.pp_size={pp} must be at most n_layer={shape.n_layer} (a stage holds a layer or more)")
+        raise ArgumentError(f"dims.pp_size={pp} must be at most n_layer={shape.n_layer} (a stage holds a layer or more)",
+                            "pp_size", pp_size=pp, n_layer=shape.n_layer)
     if v > 1 and (schedule != "interleaved" or shape.n_layer % (pp * v)):
         raise ValueError(f"v={v} chunks a rank need schedule='interleaved' and v x pp_size to divide "
                          f"n_layer={shape.n_layer}")
     if seq_len % (cp * (tp if sequence_parallel else 1)):
-        raise ValueError(f"seq_len={seq_len} must be divisible by cp_size={cp} (x tp_size={tp} with "
-                         "sequence parallelism): each rank holds an equal share of the positions")
+        raise ArgumentError(f"seq_len={seq_len} must be divisible by cp_size={cp} (x tp_size={tp} with "
+                            "sequence parallelism): each rank holds an equal share of the positions", "seq_cp",
+                            seq_len=seq_len, cp_size=cp, tp_size=tp)
     return dict(seq_len=seq_len, micro_batch=micro_batch, zero_stage=zero_stage, recompute=recompute,
                 sequence_parallel=sequence_parallel, num_microbatches=num_microbatches, schedule=schedule,
                 v=v, precision=precision, optimizer=optimizer, offload=offload)

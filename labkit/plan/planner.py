@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from ..estimate import OPTIMIZERS, PRECISIONS, as_shape, check_trainable
 from ..hardware import get_gpu, peak_flops
-from ..validate import check_bool, check_choice, check_float, check_int, check_positive
+from ..validate import ArgumentError, check_bool, check_choice, check_float, check_int, check_positive
 from .sweep import Dims, cp_degrees, flops_of, layouts, pipeline_bubble, pipeline_choices, training_memory
 from .steptime import StepTime, step_flops, step_time
 
@@ -145,8 +145,9 @@ def _peak_dtype(g, precision: str) -> str:
     if half in ("bf16", "fp16"):
         if half not in g.peak:
             valid = [p for p in PRECISIONS if p[:4] not in ("bf16", "fp16") or p[:4] in g.peak]
-            raise ValueError(f"precision={precision!r} computes in {half}, which {g.name} has no peak for "
-                             f"(no {half} tensor cores); valid on {g.name}: {', '.join(valid)}")
+            raise ArgumentError(f"precision={precision!r} computes in {half}, which {g.name} has no peak for "
+                                f"(no {half} tensor cores); valid on {g.name}: {', '.join(valid)}", "no_peak",
+                                precision=precision, half=half, gpu=g.name, valid=valid)
         return half
     return "bf16" if "bf16" in g.peak else "fp16"
 
