@@ -11,7 +11,9 @@ A field is written ``{name}``, or ``{name:spec}`` where ``spec`` is Python's for
 this module's: ``.1GB`` (bytes as GB, 1 decimal), ``term`` (the field is a kind's suffix, e.g.
 ``term.activations``, rendered in the same language), ``list`` (items joined by the language's
 list separator; a shape feature by its ``feature.`` text), ``opt.precision`` and
-``opts.precision`` (an option's text, or a list of them), ``q`` (quoted the language's way). The Chinese strings use the glossary's terms
+``opts.precision`` (an option's text, or a list of them), ``q`` (quoted the language's way),
+``arg`` (an argument's name, after its form label), ``val`` and ``vals`` (the value or values of
+the argument the field ``name`` names, as its options read). The Chinese strings use the glossary's terms
 (locales/zh_CN/GLOSSARY.md; tests/test_i18n.py checks them). Standard library only: the
 calculators run it in the page (Brython). The command line stays English and does not use it.
 
@@ -77,7 +79,7 @@ _EN = {
     "calc.progress": "computing: {done} of {total} layouts sized",
     "calc.could_not_start": "The calculator could not start: {error}",
     # the planner's reasons (labkit.plan: TrainingPlans.overflows, ServingPlans.refused)
-    "plan.overflow": "{term:term}: {bytes_so_far:.1GB} of {limit_bytes:.1GB}",
+    "plan.overflow": "{term}: {bytes_so_far:.1GB} of {limit_bytes:.1GB}",
     "plan.layout": "t={tp_size}{cp} p={pp_size} N_d={dp_size}: {why}",
     "plan.layout_cp": " cp={cp_size}", "plan.separator": "; ", "plan.colon": ": ",
     "plan.no_layout": "no (t, cp, p, N_d, b) splits the GPUs and the global batch",
@@ -86,14 +88,14 @@ _EN = {
     # refusals (ArgumentError.kind; fields as raised)
     "error.int": "{name}={value!r} must be an int >= {minimum}",
     "error.int_range": "{name}={value!r} must be an int in [{minimum}, {maximum}]",
-    "error.choice": "{name}={value!r} is unknown; valid choices: {choices:list}",
+    "error.choice": "{name}={value!r} is unknown; valid choices: {choices!r}",
     "error.bool": "{name}={value!r} must be True or False",
     "error.float": "{name}={value!r} must be a finite number in {interval}",
-    "error.gpu": "gpu={gpu!r} is not in the table; valid: {valid:list}",
+    "error.gpu": "gpu={gpu!r} is not in the table; valid: {valid!r}",
     "error.context_len": "context_len={context_len} must be at most the model's seq_len={seq_len}",
     "error.pp_size": "pp_size={pp_size} must be at most n_layer={n_layer} (a stage holds a layer or more)",
     "error.tp_divides": ("tp_size={tp_size} must divide {name}={value} (each rank holds whole heads "
-                         "and an equal share of d_ff); valid tp_size: {valid:list}"),
+                         "and an equal share of d_ff); valid tp_size: {valid!r}"),
     "error.serving_tp": ("tp_size={tp_size} must divide n_head={n_head}, and divide or be a multiple "
                          "of n_kv_head={n_kv_head}"),
     "error.head_divides": "n_head={n_head} must divide d_model={d_model} (or give d_head)",
@@ -182,11 +184,11 @@ _ZH = {
     "plan.no_layout": "没有一种 (t, cp, p, N_d, b) 能同时整除 GPU 数和全局批次",
     "serve.no_block": "t={tp_size}：权重放下之后，连一个 KV 块都放不下",
     "serve.too_few_blocks": "t={tp_size}：只有 {num_blocks} 个块，不够一个请求使用",
-    "error.int": "{name}={value!r}：必须是不小于 {minimum} 的整数",
-    "error.int_range": "{name}={value!r}：必须是 {minimum} 到 {maximum} 之间的整数",
-    "error.choice": "{name}={value!r}：未知取值；可选：{choices:list}",
-    "error.bool": "{name}={value!r}：必须是 True 或 False",
-    "error.float": "{name}={value!r}：必须是区间 {interval} 内的有限数",
+    "error.int": "{name:arg} = {value:val}：必须是不小于 {minimum} 的整数",
+    "error.int_range": "{name:arg} = {value:val}：必须是 {minimum} 到 {maximum} 之间的整数",
+    "error.choice": "{name:arg} 的取值 {value:val} 未知；可选：{choices:vals}",
+    "error.bool": "{name:arg} = {value:val}：必须是布尔值（True/False）",
+    "error.float": "{name:arg} = {value:val}：必须是区间 {interval} 内的有限数",
     "error.gpu": "gpu={gpu!r}：不在 GPU 表中；可选：{valid:list}",
     "error.context_len": "context_len={context_len}：不能超过模型的 seq_len={seq_len}",
     "error.pp_size": "pp_size={pp_size}：不能超过 n_layer={n_layer}（每个阶段至少放一层）",
@@ -203,7 +205,7 @@ _ZH = {
     "error.no_peak": ("精度“{precision:opt.precision}”以 {half} 计算，而 {gpu} 没有 {half} 张量核心，"
                       "也就没有 {half} 峰值；{gpu} 上可用的精度：{valid:opts.precision}"),
     "error.other": "labkit 拒绝了这组输入：{detail}",
-    "error.not_a_number": "{name}：{text:q} 不是数字",
+    "error.not_a_number": "{name:arg}：{text:q} 不是数字",
     "feature.experts": "混合专家", "feature.MLA": "MLA", "feature.head size": "独立的头大小",
     "feature.q/k/v biases": "q/k/v 偏置", "feature.output bias": "输出偏置",
     "feature.qk-norm": "q/k 归一化", "feature.feed-forward norms": "前馈层归一化",
@@ -259,8 +261,23 @@ def _template(kind, lang) -> str:
     return CATALOGUES[language(lang)].get(kind, _EN[kind])
 
 
-def _format(value, conversion, spec, lang) -> str:
+def _option_text(name, value, lang) -> str:
+    """A value as the reader chose it: its option's text where the catalogue has one, else the
+    value quoted (a number as it is)."""
+    kind = f"option.{name}.{value}"
+    if kind in _EN:
+        return render(kind, lang)
+    return str(value) if isinstance(value, (int, float)) else _template("quote", lang).format(value)
+
+
+def _format(value, conversion, spec, lang, fields) -> str:
     spec = spec or ""
+    if spec == "arg":  # an argument's name: its field's label where the form has one, then the name
+        label = "label." + str(value)
+        return f"{render(label, lang)}（{value}）" if label in _EN and render(label, lang) != value else str(value)
+    if spec in ("val", "vals"):  # the value(s) of the argument named by the field "name"
+        texts = [_option_text(fields.get("name"), v, lang) for v in (value if spec == "vals" else [value])]
+        return _template("list.separator", lang).join(texts)
     if spec == "term":
         return render("term." + value, lang) if "term." + value in _EN else str(value)
     if spec == "list":
@@ -293,7 +310,7 @@ def pieces(kind: str, lang: str = "en", **fields) -> list:
             raise ValueError(f"{kind}: field {name!r} missing; given {sorted(fields)}")
         if m.start() > at:
             out.append((template[at:m.start()], None))
-        out.append((_format(fields[name], conversion, spec, lang), name))
+        out.append((_format(fields[name], conversion, spec, lang, fields), name))
         at = m.end()
     if at < len(template):
         out.append((template[at:], None))
