@@ -47,7 +47,7 @@ KNOBS = ("gpu", "seq_len", "micro_batch", "dp_size", "tp_size", "pp_size", "zero
 
 # What the page says before Python has loaded, and if it cannot load, by Sphinx ``language``
 # (another edition adds its own entry; the words the calculators show once loaded are
-# labkit/messages.py's catalogues, which the bundle carries).
+# labkit/messages' catalogues, which the bundle carries).
 LOADING = {"en": ("Loading the calculator: it runs the course's Python (labkit) in this page. If "
                   "this message stays, the calculator could not load (it needs JavaScript)."),
            "zh_CN": "正在加载计算器：它在本页中运行课程的 Python 代码（labkit）。如果这条消息一直不消失，"

@@ -10,9 +10,12 @@
   variant: tests/test_exercises.py uses it to show that each plausible wrong answer loses points.
 """
 
+import importlib.util
 import json
 import signal
+import sys
 import time
+from pathlib import Path
 
 __all__ = ["install_question_time_limit", "score_variants"]
 
@@ -21,14 +24,19 @@ LIMIT_MESSAGE = ("{q} ran past its time limit of {s:g} s of processor time "
 
 
 def limit_message(question, seconds, lang="en"):
-    """LIMIT_MESSAGE in ``lang`` (labkit.messages' "grade.time_limit", where labkit is on the
-    path, as in the grading kernel; else English)."""
+    """LIMIT_MESSAGE in ``lang`` (labkit/messages' "grade.time_limit" for a language other than
+    English)."""
     if lang != "en":
         try:
-            from labkit.messages import render
-
-            return render("grade.time_limit", lang, question=question, seconds=seconds)
-        except ImportError:
+            module = sys.modules.get("labkit_messages")
+            if module is None:  # this checkout's labkit/messages, by path, as scripts/exercises.py
+                folder = Path(__file__).resolve().parents[1] / "labkit" / "messages"
+                spec = importlib.util.spec_from_file_location(
+                    "labkit_messages", folder / "__init__.py", submodule_search_locations=[str(folder)])
+                module = sys.modules["labkit_messages"] = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            return module.render("grade.time_limit", lang, question=question, seconds=seconds)
+        except (ImportError, OSError, ValueError):  # never fail a time limit over its wording
             pass
     return LIMIT_MESSAGE.format(q=question, s=seconds)
 

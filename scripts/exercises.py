@@ -14,7 +14,7 @@
         failed test case which one failed and the error it raised, and for every answer cell that
         raised or was interrupted, what it raised: in the notebook's language (its metadata, so
         the zh/ notebooks get Chinese; --language en|zh_CN overrides it; the words are
-        labkit/messages.py's "grade." kinds). An answer cell that runs longer than
+        labkit/messages' "grade." kinds). An answer cell that runs longer than
         --cell-timeout seconds is interrupted, and a question whose tests use more than
         --question-timeout seconds of processor time in all (a function that loops when the
         tests call it) is cut off: each costs only its own question. A run past --timeout seconds
@@ -57,16 +57,18 @@ ANSWER_TAG = "otter_answer_cell"  # otter assign tags each cell a student writes
 KERNEL_TIMEOUT_ENV = "EXERCISES_KERNEL_TIMEOUT"  # seconds a Jupyter kernel gets to start
 KERNEL_NOT_STARTED = re.compile(r"Kernel didn't respond in [\d.]+ seconds|Kernel died before replying")
 LANGUAGE_ENV = "EXERCISES_GRADE_LANGUAGE"  # the grading kernel's language for its time-limit message
-# An assertion message in the hidden tests' form: "call(args): expected X, got Y"
-EXPECTED_GOT = re.compile(r"^(?P<call>.+?): expected (?P<expected>.*), got (?P<got>.*)$", re.S)
+# An assertion message in the tests' form: "call(args): expected X, got Y", or "expected X, got Y"
+EXPECTED_GOT = re.compile(r"^(?:(?P<call>.+?): )?expected (?P<expected>.*), got (?P<got>.*)$", re.S)
 
 
 def _messages():
-    """labkit/messages.py, loaded by path (this script runs without labkit installed): the
-    grader's words in each language, one table per language."""
+    """labkit/messages, loaded by path (this script runs without labkit installed, or with
+    another checkout's): the grader's words in each language, one table per language."""
     module = sys.modules.get("labkit_messages")
     if module is None:
-        spec = importlib.util.spec_from_file_location("labkit_messages", ROOT / "labkit" / "messages.py")
+        folder = ROOT / "labkit" / "messages"
+        spec = importlib.util.spec_from_file_location("labkit_messages", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
         module = sys.modules["labkit_messages"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return module
@@ -229,11 +231,11 @@ def write_chinese(student_notebook):
 
 
 # The setup cell's choice of the lines the notebook prints (its SAY table), by language.
-NOTEBOOK_LANGUAGE = re.compile(r'^LANGUAGE = "en"$', re.M)
+NOTEBOOK_LANGUAGE = re.compile(r'^LANGUAGE = "[\w-]+"$', re.M)
 
 
 def _speak(nb, language):
-    """Make the notebook print in ``language``: its setup cell's ``LANGUAGE = "en"`` becomes
+    """Make the notebook print in ``language``: its setup cell's ``LANGUAGE = "en"`` line says
     ``language`` (one such line, else an ExerciseError: the source lost it)."""
     found = 0
     for cell in nb["cells"]:
@@ -244,7 +246,7 @@ def _speak(nb, language):
         cell["source"] = text if isinstance(cell["source"], str) else text.splitlines(keepends=True)
     if found != 1:
         raise ExerciseError(f"language={language!r}: the notebook must have one setup line "
-                            f'LANGUAGE = "en", found {found}')
+                            f'LANGUAGE = "...", found {found}')
     return nb
 
 
@@ -298,8 +300,10 @@ def _why(error, lang):
         return say("differs", lang)
     name, _, message = error.partition(": ")
     found = EXPECTED_GOT.match(message)
-    if found:
+    if found and found["call"]:
         return f"{name}: " + say("expected_got", lang, **found.groupdict())
+    if found:
+        return f"{name}: " + say("expected_got_bare", lang, expected=found["expected"], got=found["got"])
     return error
 
 

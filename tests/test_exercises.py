@@ -1017,9 +1017,10 @@ def test_wrong_answers_feedback_in_chinese(built, variant_scores, chapter):
                 zh_head.groups(), (en, zh)
             assert en_head[3] == cases[q][i]["rule"] and int(en_head[2]) == i + 1, (en, cases[q][i])
             assert "test " not in zh and "the output differs" not in zh, zh
-            if re.search(r": expected .*, got ", en):
+            said = zh[zh_head.end():].split(" -> ", 1)[-1]  # what it raised (a public case's code aside)
+            if re.search(r"(^|: )expected .*, got ", en[en_head.end():].split(" -> ", 1)[-1]):
                 expected_got += 1
-                assert "：预期 " in zh and "，实际得到 " in zh and ": expected " not in zh, (en, zh)
+                assert "预期 " in said and "，实际得到 " in said and "expected " not in said, (en, zh)
     assert expected_got, f"{chapter}: no failure shows expected and got"
 
 
@@ -1075,3 +1076,27 @@ def test_chinese_notebook_says_not_answered_in_chinese(built, chapter, tmp_path,
     assert result["language"] == "zh_CN" and not result["timed_out"]
     assert result["failures"] == {q: [ex.say("not_answered", "zh_CN")] for q in result["max_scores"]}
     assert _CJK.search(ex.say("not_answered", "zh_CN"))
+
+
+def test_chinese_colab_links_open_the_chinese_notebooks():
+    """The exercises page's Colab link of each chapter opens that chapter's student notebook:
+    the English one in the English edition, the Chinese one (exercises/student/zh) in the
+    Chinese edition (its catalogue's translation of the link)."""
+    i18n = sys.modules.get("i18n_script")
+    if i18n is None:  # scripts/i18n.py, as scripts/exercises.py loads it
+        spec = importlib.util.spec_from_file_location("i18n_script", ROOT / "scripts" / "i18n.py")
+        i18n = sys.modules["i18n_script"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(i18n)
+    page = (ROOT / "exercises" / "index.md").read_text(encoding="utf-8")
+    english = dict(re.findall(r"^\[(colab-\d+)\]: (\S+)$", page, re.M))
+    zh = i18n.translations_of(i18n.LOCALE_DIR / "exercises" / "index.po")
+    names = sorted(p.name for p in COMMITTED_STUDENT_DIR.glob("*.ipynb"))
+    assert len(english) == len(names) == len(CHAPTERS), (english, names)
+    for name in names:
+        key = f"colab-{name[:2]}"
+        assert english[key].endswith(f"/exercises/student/{name}"), english[key]
+        link = zh.get(f"[Open in Colab][{key}]", "")
+        target = re.search(r"\]\((https://colab\.research\.google\.com/\S+?)\)", link)
+        assert target and target[1].endswith(f"/exercises/student/zh/{name}"), (key, link)
+        assert target[1].replace("/student/zh/", "/student/") == english[key]
+        assert (COMMITTED_STUDENT_DIR / "zh" / name).is_file()
