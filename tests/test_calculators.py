@@ -556,3 +556,27 @@ def test_calculators_speak_the_pages_language(browser, standalone, lang):  # noq
     finally:
         context.close()
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("kind", ["training", "plans"])
+def test_chinese_edition_calculator_speaks_chinese(browser, site, kind):  # noqa: F811
+    """The calculator on its Chinese page (the built book's zh/ edition, <html lang> from Sphinx's
+    ``language``) shows its labels and results in Chinese, with no English word outside the
+    glossary's kept list."""
+    from test_i18n import english_words, kept_latin
+
+    problems, requests = [], []
+    context, page = _open(browser, f"{site}/zh/{PAGES[kind]}.html", problems, requests)
+    try:
+        _ready(page)
+        calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
+        inputs = INPUTS[kind][1]
+        got = _expected_inputs(_set(page, calc, inputs), kind)
+        _check_shown(kind, _shown(calc, got), _estimate(kind, got, "zh_CN"), inputs, "zh_CN")
+        texts = [t for t in _words_shown(calc) if t.strip()]
+    finally:
+        context.close()
+    assert any(re.search(r"[\u4e00-\u9fff]", t) for t in texts), texts
+    english = {t: w for t in texts if (w := english_words(t, kept_latin()))}
+    assert not english, f"zh {kind}: English in the calculator: {english}"
+    assert not problems, "\n".join(problems)

@@ -1024,9 +1024,10 @@ def test_wrong_answers_feedback_in_chinese(built, variant_scores, chapter):
     assert expected_got, f"{chapter}: no failure shows expected and got"
 
 
-def test_grader_notices_and_time_limit_in_chinese(tmp_path):
-    """The notices about answer cells (interrupted, a syntax error, raised) and the question
-    time limit's message, in each language; an unknown language is refused, named."""
+def test_grader_notices_and_time_limit_in_chinese(tmp_path, capsys):
+    """The notices about answer cells (interrupted, a syntax error, raised), the question time
+    limit's message and the printed summary, in each language; an unknown language is refused,
+    named."""
     cells = [{"cell_type": "code", "metadata": {"tags": [ex.ANSWER_TAG]}, "source": "x",
               "outputs": [{"output_type": "error", "ename": ename, "evalue": "boom"}]}
              for ename in ("KeyboardInterrupt", "SyntaxError", "RuntimeError")]
@@ -1047,6 +1048,15 @@ def test_grader_notices_and_time_limit_in_chinese(tmp_path):
     checks.loader.exec_module(module)
     assert module.limit_message("q2", 5, "en") == module.LIMIT_MESSAGE.format(q="q2", s=5)
     assert module.limit_message("q2", 5, "zh_CN").startswith("q2 超出了 5 秒处理器时间的限制")
+    result = {"chapter": "01_memory_wall", "timeout": 60.0, "timed_out": True, "language": "zh_CN",
+              "max_scores": {"q1": 2.0}, "scores": {"q1": 0.0}, "notices": {"q1": zh[:1]},
+              "failures": {"q1": [ex.say("not_answered", "zh_CN")]}, "total": 0.0, "max_total": 2.0}
+    ex._print_results("作业.ipynb", result)
+    printed = capsys.readouterr().out
+    for said in ("评分：作业.ipynb，对照 01_memory_wall（时限 60 秒）", "超时：60 秒后", "说明：答案单元格",
+                 "尚未作答", "总分"):
+        assert said in printed, printed
+    assert not re.search(r"Grading|TIMED OUT|note:|total|not answered", printed), printed
     assert ex.notebook_language({"metadata": {"language": "zh_CN"}}) == "zh_CN"
     assert ex.notebook_language({"metadata": {}}) == "en"
     with pytest.raises(ex.ExerciseError, match="language='fr'"):
