@@ -232,9 +232,10 @@ def test_every_answer_cell_stands_alone(chapter):
                             "in no setup cell; import or define it in the answer's own cell"
 
 
-def _filled_in(built, chapter) -> dict:
-    """The student notebook with every answer cell holding the solution, as a student writes it."""
-    nb = json.loads((built["student"] / f"{chapter}.ipynb").read_text())
+def _filled_in(built, chapter, edition: str = "") -> dict:
+    """The student notebook (``edition`` "zh": the Chinese one) with every answer cell holding the
+    solution, as a student writes it."""
+    nb = json.loads((built["student"] / edition / f"{chapter}.ipynb").read_text())
     solved = json.loads((built["dist"] / chapter / "autograder" / f"{chapter}.ipynb").read_text())
     answers = [c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", [])]
     solutions = [c for c in solved["cells"]
@@ -1110,3 +1111,30 @@ def test_chinese_colab_links_open_the_chinese_notebooks():
         assert target and target[1].endswith(f"/exercises/student/zh/{name}"), (key, link)
         assert target[1].replace("/student/zh/", "/student/") == english[key]
         assert (COMMITTED_STUDENT_DIR / "zh" / name).is_file()
+
+
+@pytest.mark.xdist_group(_group(LOOP_IN_TESTS_CHAPTER))
+@pytest.mark.parametrize("chapter", [LOOP_IN_TESTS_CHAPTER])
+def test_chinese_notebook_graded_in_chinese(built, chapter, tmp_path):
+    """Grading the Chinese notebook end to end: a syntax error's note and its NameErrors, and the
+    question time limit the grading kernel enforces, are said in Chinese, with the same cases,
+    numbers and rules as the English grader reports."""
+    nb = _filled_in(built, chapter, "zh")
+    answers = [c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", [])]
+    answers[0]["source"] += "\nthis line is not Python (\n"
+    answers[1]["source"] += "\n\ndef min_microbatches(p, target):\n    while True:\n        pass\n"
+    submission = tmp_path / "zh.ipynb"
+    submission.write_text(json.dumps(nb))
+    result = ex.grade(submission, timeout=240, cell_timeout=5, question_timeout=5, dist_dir=built["dist"])
+    assert result["language"] == "zh_CN" and not result["timed_out"], result
+    cases = ex.question_cases(built["zip"])
+    for q in ("q1", "q2"):
+        assert result["scores"][q] == 0 and result["failures"][q], (q, result)
+        for why in result["failures"][q]:
+            head = _ZH_CASE.match(why)
+            assert head, why
+            case = cases[q][int(head[2]) - 1]
+            assert (head[1] == "隐藏") == case["hidden"] and head[3] == case["rule"], (why, case)
+    assert all("（答案单元格有语法错误：见上面的说明）" in why for why in result["failures"]["q1"])
+    assert result["notices"]["q1"][0].startswith("答案单元格有语法错误"), result["notices"]
+    assert all("TimeoutError: q2 超出了 5 秒处理器时间的限制" in why for why in result["failures"]["q2"])
