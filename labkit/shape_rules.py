@@ -84,8 +84,8 @@ def _check_heads(shape) -> None:
             check_int(name, getattr(shape, name), 1)
         check_int("q_lora_rank", shape.q_lora_rank, 0)
         if shape.d_head is not None or shape.n_kv_head is not None:
-            raise ValueError("MLA (kv_lora_rank > 0) has no d_head or n_kv_head: its head sizes are the qk_* "
-                             "and v_head_dim fields, and every head reads the one compressed cache")
+            raise ArgumentError("MLA (kv_lora_rank > 0) has no d_head or n_kv_head: its head sizes are the qk_* "
+                                "and v_head_dim fields, and every head reads the one compressed cache", "mla_heads")
     else:
         for name in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
             check_int(name, getattr(shape, name), 0, 0)

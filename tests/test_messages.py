@@ -127,3 +127,41 @@ def test_each_refusal_carries_its_kind_and_renders_in_chinese(call, kind):
 def test_an_error_without_a_kind_is_still_shown():
     assert error_message(ValueError("plain"), "en") == "plain"
     assert error_message(ValueError("plain"), "zh_CN") == "labkit 拒绝了这组输入：plain"
+
+
+def _calculator_calls(shape, gpu):
+    """What the calculators call for a shape on a GPU (the planner's checks only: stepwise)."""
+    yield lambda: training_memory(shape, seq_len=min(shape.seq_len, 2048), micro_batch=1)
+    yield lambda: (check_context_len(shape, min(shape.seq_len, 4096)),
+                   serving_memory(shape, gpu=gpu, tp_size=1))
+    yield lambda: plan_training(shape, gpu=gpu, num_gpus=8, seq_len=min(shape.seq_len, 2048),
+                                global_batch=64, stepwise=True)
+
+
+def test_every_refusal_a_calculator_meets_has_a_kind():
+    """Every preset on every GPU in each calculator's call, and each shape field typed wrong: what
+    labkit refuses carries a kind the catalogues render (no English "error.other" in Chinese)."""
+    from dataclasses import replace
+
+    from labkit.hardware import GPUS
+
+    refused, typed = set(), {"n_layer": 0, "d_model": 7, "n_head": 5, "n_kv_head": 3, "d_ff": -1,
+                             "vocab_size": 0}
+    shapes = [PRESETS[name] for name in PRESETS]
+    for name in ("llama-2-7b", "deepseek-v3", "gpt2-small"):
+        for field, value in typed.items():
+            try:
+                shapes.append(replace(PRESETS[name], **{field: value}))
+            except ValueError as e:
+                assert getattr(e, "kind", None) and "error." + e.kind in EN, (name, field, e)
+                refused.add(e.kind)
+    for shape in shapes:
+        for gpu in GPUS:
+            for call in _calculator_calls(shape, gpu):
+                try:
+                    call()
+                except ValueError as e:
+                    assert getattr(e, "kind", None) and "error." + e.kind in EN, (shape, gpu, e)
+                    assert not english_words(error_message(e, "zh_CN"), kept_latin()), e
+                    refused.add(e.kind)
+    assert {"untrainable", "no_peak", "head_divides", "kv_divides", "mla_heads", "int", "windows"} <= refused, refused

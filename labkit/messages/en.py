@@ -71,6 +71,8 @@ CATALOGUE = {
                          "of n_kv_head={n_kv_head}"),
     "error.head_divides": "n_head={n_head} must divide d_model={d_model} (or give d_head)",
     "error.kv_divides": "n_kv_head={n_kv_head} must divide n_head={n_head}",
+    "error.mla_heads": ("MLA (kv_lora_rank > 0) has no d_head or n_kv_head: its head sizes are the qk_* "
+                        "and v_head_dim fields, and every head reads the one compressed cache"),
     "error.seq_cp": ("seq_len={seq_len} must be divisible by cp_size={cp_size} (x tp_size={tp_size} "
                      "with sequence parallelism): each rank holds an equal share of the positions"),
     "error.untrainable": "training estimates do not model {missing:list} yet",

@@ -63,6 +63,8 @@ CATALOGUE = {
                          "或是它的倍数"),
     "error.head_divides": "n_head={n_head}：必须整除 d_model={d_model}（或给出 d_head）",
     "error.kv_divides": "n_kv_head={n_kv_head}：必须整除 n_head={n_head}",
+    "error.mla_heads": ("MLA（kv_lora_rank > 0）没有 d_head 和 n_kv_head：它的头大小由 qk_* 和 v_head_dim "
+                        "字段给出，每个头都读取同一份压缩缓存"),
     "error.seq_cp": ("seq_len={seq_len}：必须能被 cp_size={cp_size} 整除（使用序列并行时还要乘以 "
                      "tp_size={tp_size}）：每个 rank 持有相等份额的位置"),
     "error.untrainable": "训练显存估算尚未建模：{missing:list}",
