@@ -36,7 +36,8 @@ ROOT = HERE.parent
 UI = HERE / "browser" / "calculator_ui.py"  # runs in the page, never in the build
 STATIC = "calculators"  # under _static
 RUNTIME = ("brython.js", "brython_stdlib.js")
-ENTRIES = ("labkit.estimate", "labkit.hardware", "labkit.shapes", "labkit.memory.analytic")
+ENTRIES = ("labkit.estimate", "labkit.hardware", "labkit.shapes", "labkit.memory.analytic",
+           "labkit.messages")  # messages: the words the calculators show, per page language
 KINDS = ("training", "zero", "activations", "parallel", "kv", "plans")
 PLANNER = "labkit.plan"  # bundled when the source has it; the "plans" calculator needs it
 KNOBS = ("gpu", "seq_len", "micro_batch", "dp_size", "tp_size", "pp_size", "zero_stage",
@@ -45,8 +46,8 @@ KNOBS = ("gpu", "seq_len", "micro_batch", "dp_size", "tp_size", "pp_size", "zero
          "micro_batches", "interleave")
 
 # What the page says before Python has loaded, and if it cannot load, by Sphinx ``language``
-# (another edition adds its own entry; the words the calculators show once loaded are in
-# browser/calculator_ui.py's TRANSLATIONS).
+# (another edition adds its own entry; the words the calculators show once loaded are
+# labkit/messages' catalogues, which the bundle carries).
 LOADING = {"en": ("Loading the calculator: it runs the course's Python (labkit) in this page. If "
                   "this message stays, the calculator could not load (it needs JavaScript)."),
            "zh_CN": "正在加载计算器：它在本页中运行课程的 Python 代码（labkit）。如果这条消息一直不消失，"

@@ -99,7 +99,8 @@ def get_gpu(gpu: str | GPU) -> GPU:
         raise ArgumentError(f"gpu={gpu!r} must be a GPU or a name; valid: {sorted(GPUS) + sorted(_ALIASES)}")
     key = _ALIASES.get(str(gpu).lower(), str(gpu).lower())
     if key not in GPUS:
-        raise ValueError(f"gpu={gpu!r} is not in the table; valid: {sorted(GPUS) + sorted(_ALIASES)}")
+        raise ArgumentError(f"gpu={gpu!r} is not in the table; valid: {sorted(GPUS) + sorted(_ALIASES)}", "gpu",
+                            gpu=gpu, valid=sorted(GPUS) + sorted(_ALIASES))
     return GPUS[key]
 
 

@@ -8,7 +8,7 @@ what a shape has beyond labkit's GPT block.
 
 from __future__ import annotations
 
-from .validate import check_bool, check_choice, check_float, check_int
+from .validate import ArgumentError, check_bool, check_choice, check_float, check_int
 
 __all__ = ["layer_split", "GATED", "ShapeProperties", "check_shape", "features"]
 
@@ -98,15 +98,17 @@ def _check_heads(shape) -> None:
             check_int(name, getattr(shape, name), 1)
         check_int("q_lora_rank", shape.q_lora_rank, 0)
         if shape.d_head is not None or shape.n_kv_head is not None:
-            raise ValueError("MLA (kv_lora_rank > 0) has no d_head or n_kv_head: its head sizes are the qk_* "
-                             "and v_head_dim fields, and every head reads the one compressed cache")
+            raise ArgumentError("MLA (kv_lora_rank > 0) has no d_head or n_kv_head: its head sizes are the qk_* "
+                                "and v_head_dim fields, and every head reads the one compressed cache", "mla_heads")
     else:
         for name in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
             check_int(name, getattr(shape, name), 0, 0)
     if shape.d_head is None and not shape.kv_lora_rank and shape.d_model % shape.n_head:
-        raise ValueError(f"n_head={shape.n_head} must divide d_model={shape.d_model} (or give d_head)")
+        raise ArgumentError(f"n_head={shape.n_head} must divide d_model={shape.d_model} (or give d_head)",
+                            "head_divides", n_head=shape.n_head, d_model=shape.d_model)
     if shape.n_head % shape.kv_heads:
-        raise ValueError(f"n_kv_head={shape.n_kv_head} must divide n_head={shape.n_head}")
+        raise ArgumentError(f"n_kv_head={shape.n_kv_head} must divide n_head={shape.n_head}", "kv_divides",
+                            n_kv_head=shape.n_kv_head, n_head=shape.n_head)
     check_int("n_mtp_layers", shape.n_mtp_layers, 0)
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from .hf_config import HF_CONFIG_FIELDS, shape_fields
 from .released_configs import RELEASED
 from .shape_rules import GATED, ShapeProperties, check_shape, features, layer_split
-from .validate import check_int
+from .validate import ArgumentError, check_int
 
 __all__ = ["ModelShape", "ShapeProperties", "PRESETS", "preset", "HF_CONFIG_FIELDS", "layer_split"]
 
@@ -141,9 +141,10 @@ class ModelShape(ShapeProperties):
         t = check_int("tp_size", tp_size, 1)
         for name, value in self._tp_split():
             if value % t:
-                raise ValueError(f"tp_size={t} must divide {name}={value} (each rank holds whole heads "
-                                 f"and an equal share of d_ff); valid tp_size: "
-                                 f"{[d for d in range(1, self.n_head + 1) if self.tp_divides(d)]}")
+                valid = [d for d in range(1, self.n_head + 1) if self.tp_divides(d)]
+                raise ArgumentError(f"tp_size={t} must divide {name}={value} (each rank holds whole heads "
+                                    f"and an equal share of d_ff); valid tp_size: {valid}", "tp_divides",
+                                    tp_size=t, name=name, value=value, valid=valid)
         return t
 
     def _tp_split(self) -> list:

@@ -16,7 +16,13 @@ __all__ = ["ArgumentError", "check_int", "check_choice", "check_bool", "check_fl
 
 
 class ArgumentError(ValueError, TypeError):
-    """A bad argument: its name, its value and what would be valid are in the message."""
+    """A bad argument: its name, its value and what would be valid are in the message; ``kind``
+    and ``fields`` say the same as data, for :func:`labkit.messages.error_message` to render in
+    another language (``ArgumentError("...", kind="int", name="seq_len", value=0, minimum=1)``)."""
+
+    def __init__(self, message: str, kind: str | None = None, **fields):
+        super().__init__(message)
+        self.kind, self.fields = kind, fields
 
 
 def check_int(name: str, value, minimum: int = 0, maximum: int | None = None) -> int:
@@ -24,7 +30,8 @@ def check_int(name: str, value, minimum: int = 0, maximum: int | None = None) ->
     if (not isinstance(value, int) or isinstance(value, bool) or value < minimum
             or (maximum is not None and value > maximum)):
         bound = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"
-        raise ArgumentError(f"{name}={value!r} must be {bound}")
+        raise ArgumentError(f"{name}={value!r} must be {bound}", "int" if maximum is None else "int_range",
+                            name=name, value=value, minimum=minimum, maximum=maximum)
     return value
 
 
@@ -32,14 +39,15 @@ def check_choice(name: str, value, choices) -> object:
     """Return ``value`` if it is one of ``choices``; else raise ValueError listing them."""
     choices = list(choices)
     if isinstance(value, bool) and not any(isinstance(c, bool) for c in choices) or value not in choices:
-        raise ArgumentError(f"{name}={value!r} is unknown; valid choices: {choices}")
+        raise ArgumentError(f"{name}={value!r} is unknown; valid choices: {choices}", "choice",
+                            name=name, value=value, choices=choices)
     return value
 
 
 def check_bool(name: str, value) -> bool:
     """Return ``value`` if it is ``True`` or ``False``; anything else ("no", 0, None) raises."""
     if not isinstance(value, bool):
-        raise ArgumentError(f"{name}={value!r} must be True or False")
+        raise ArgumentError(f"{name}={value!r} must be True or False", "bool", name=name, value=value)
     return value
 
 
@@ -62,8 +70,9 @@ def check_float(name: str, value, minimum: float | None = None, maximum: float |
         ok = ((minimum is None or x >= minimum) and (maximum is None or x <= maximum)
               and (above is None or x > above) and (below is None or x < below))
     if not ok:
-        raise ArgumentError(f"{name}={value!r} must be a finite number in "
-                            f"{_interval(minimum, maximum, above, below)}")
+        interval = _interval(minimum, maximum, above, below)
+        raise ArgumentError(f"{name}={value!r} must be a finite number in {interval}", "float",
+                            name=name, value=value, interval=interval)
     return x
 
 

@@ -10,9 +10,12 @@
   variant: tests/test_exercises.py uses it to show that each plausible wrong answer loses points.
 """
 
+import importlib.util
 import json
 import signal
+import sys
 import time
+from pathlib import Path
 
 __all__ = ["install_question_time_limit", "score_variants"]
 
@@ -20,19 +23,38 @@ LIMIT_MESSAGE = ("{q} ran past its time limit of {s:g} s of processor time "
                  "(does a function it calls loop forever?)")
 
 
-def _timeout_result(question, seconds):
+def limit_message(question, seconds, lang="en"):
+    """LIMIT_MESSAGE in ``lang`` (labkit/messages' "grade.time_limit" for a language other than
+    English)."""
+    if lang != "en":
+        try:
+            module = sys.modules.get("labkit_messages")
+            if module is None:  # this checkout's labkit/messages, by path, as scripts/exercises.py
+                folder = Path(__file__).resolve().parents[1] / "labkit" / "messages"
+                spec = importlib.util.spec_from_file_location(
+                    "labkit_messages", folder / "__init__.py", submodule_search_locations=[str(folder)])
+                module = sys.modules["labkit_messages"] = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+            return module.render("grade.time_limit", lang, question=question, seconds=seconds)
+        except (ImportError, OSError, ValueError):  # never fail a time limit over its wording
+            pass
+    return LIMIT_MESSAGE.format(q=question, s=seconds)
+
+
+def _timeout_result(question, seconds, lang="en"):
     """What otter records for a test case cut off, in the shape of a failed doctest."""
-    why = LIMIT_MESSAGE.format(q=question, s=seconds)
+    why = limit_message(question, seconds, lang)
     return False, ("Failed example:\n    (the test case, cut off)\nException raised:\n"
                    f"    TimeoutError: {why}\n")
 
 
-def install_question_time_limit(seconds):
+def install_question_time_limit(seconds, lang="en"):
     """Give each question's tests `seconds` of processor time in all (ITIMER_PROF, where it exists).
 
     Wraps otter's run_doctest: the first case of a question starts its clock; a case still running
     when the time is spent is interrupted with TimeoutError (a failed case), and every later case
-    of that question then fails at once. Returns whether the limit is in place.
+    of that question then fails at once; the message is in ``lang``. Returns whether the limit is
+    in place.
     """
     if not hasattr(signal, "setitimer"):  # Windows: the whole-run --timeout still applies
         return False
@@ -46,7 +68,7 @@ def install_question_time_limit(seconds):
     def on_alarm(signum, frame):
         struck.add(current[0])
         signal.setitimer(timer, 0.05)  # keep interrupting until the case gives up
-        raise TimeoutError(LIMIT_MESSAGE.format(q=current[0], s=seconds))
+        raise TimeoutError(limit_message(current[0], seconds, lang))
 
     def limited(name, doctest_string, global_environment):
         question, _, case = name.rpartition(" ")
@@ -54,7 +76,7 @@ def install_question_time_limit(seconds):
             left[question] = seconds
             struck.discard(question)
         if left[question] <= 0 or question in struck:
-            return _timeout_result(question, seconds)
+            return _timeout_result(question, seconds, lang)
         current[0] = question
         previous = signal.signal(alarm, on_alarm)
         start = time.process_time()
@@ -63,7 +85,7 @@ def install_question_time_limit(seconds):
             return run_doctest(name, doctest_string, global_environment)
         except TimeoutError:  # the alarm struck outside the test's own code
             left[question] = 0
-            return _timeout_result(question, seconds)
+            return _timeout_result(question, seconds, lang)
         finally:
             signal.setitimer(timer, 0)
             signal.signal(alarm, previous)

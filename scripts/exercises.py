@@ -8,11 +8,13 @@
         is a notebook name such as 01_memory_wall, or its number (1 or 01).
 
     python scripts/exercises.py grade SUBMISSION.ipynb [--cell-timeout 10] [--question-timeout 10]
-                                                       [--kernel-timeout SECONDS]
+                                                       [--kernel-timeout SECONDS] [--language LANG]
         grade a filled-in notebook with `otter run` against its chapter's autograder (built first
         if missing or older than its source); print each question's score and the total, for every
         failed test case which one failed and the error it raised, and for every answer cell that
-        raised or was interrupted, what it raised. An answer cell that runs longer than
+        raised or was interrupted, what it raised: in the notebook's language (its metadata, so
+        the zh/ notebooks get Chinese; --language en|zh_CN overrides it; the words are
+        labkit/messages' "grade." kinds). An answer cell that runs longer than
         --cell-timeout seconds is interrupted, and a question whose tests use more than
         --question-timeout seconds of processor time in all (a function that loops when the
         tests call it) is cut off: each costs only its own question. A run past --timeout seconds
@@ -54,6 +56,38 @@ TOKEN_ENV = "EXERCISES_GRADE_TOKEN"
 ANSWER_TAG = "otter_answer_cell"  # otter assign tags each cell a student writes in
 KERNEL_TIMEOUT_ENV = "EXERCISES_KERNEL_TIMEOUT"  # seconds a Jupyter kernel gets to start
 KERNEL_NOT_STARTED = re.compile(r"Kernel didn't respond in [\d.]+ seconds|Kernel died before replying")
+LANGUAGE_ENV = "EXERCISES_GRADE_LANGUAGE"  # the grading kernel's language for its time-limit message
+# An assertion message in the tests' form: "call(args): expected X, got Y", or "expected X, got Y"
+EXPECTED_GOT = re.compile(r"^(?:(?P<call>.+?): )?expected (?P<expected>.*), got (?P<got>.*)$", re.S)
+
+
+def _messages():
+    """labkit/messages, loaded by path (this script runs without labkit installed, or with
+    another checkout's): the grader's words in each language, one table per language."""
+    module = sys.modules.get("labkit_messages")
+    if module is None:
+        folder = ROOT / "labkit" / "messages"
+        spec = importlib.util.spec_from_file_location("labkit_messages", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        module = sys.modules["labkit_messages"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+def say(kind, lang="en", **fields):
+    """The grader's message ``kind`` (labkit.messages' "grade." kinds) in ``lang``."""
+    return _messages().render("grade." + kind, lang, **fields)
+
+
+def notebook_language(nb, language=None):
+    """The language the grader speaks for a notebook: ``language`` if given, else the notebook's
+    metadata "language" (the zh/ notebooks carry "zh_CN"), else English."""
+    language = language or nb.get("metadata", {}).get("language") or "en"
+    try:
+        return _messages().language(language)
+    except ValueError:
+        raise ExerciseError(f"language={language!r} has no grader messages; valid: "
+                            f"{list(_messages().LANGUAGES)}") from None
 
 
 class ExerciseError(Exception):
@@ -187,12 +221,33 @@ def write_chinese(student_notebook):
     student_notebook = Path(student_notebook)
     translations = i18n.translations_of(i18n.LOCALE_DIR / f"{i18n.NOTEBOOKS_DOMAIN}.po")
     nb, missing = i18n.translate_notebook(json.loads(student_notebook.read_text()), translations)
+    _speak(nb, "zh_CN")
     target = student_notebook.parent / "zh" / student_notebook.name
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     if missing:
         print(f"{target}: {len(missing)} paragraphs not yet translated (scripts/i18n.py status)")
     return target
+
+
+# The setup cell's choice of the lines the notebook prints (its SAY table), by language.
+NOTEBOOK_LANGUAGE = re.compile(r'^LANGUAGE = "[\w-]+"$', re.M)
+
+
+def _speak(nb, language):
+    """Make the notebook print in ``language``: its setup cell's ``LANGUAGE = "en"`` line says
+    ``language`` (one such line, else an ExerciseError: the source lost it)."""
+    found = 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code" or not NOTEBOOK_LANGUAGE.search(_cell_source(cell)):
+            continue
+        found += 1
+        text = NOTEBOOK_LANGUAGE.sub(f"LANGUAGE = {language!r}".replace("'", '"'), _cell_source(cell))
+        cell["source"] = text if isinstance(cell["source"], str) else text.splitlines(keepends=True)
+    if found != 1:
+        raise ExerciseError(f"language={language!r}: the notebook must have one setup line "
+                            f'LANGUAGE = "...", found {found}')
+    return nb
 
 
 def find_autograder(name, dist_dir=DIST_DIR):
@@ -238,8 +293,23 @@ def question_points(autograder_zip):
             for q, cases in question_cases(autograder_zip).items()}
 
 
-def _failures(output, cases):
-    """'public|hidden test N [rule]: <first line of the failed example> -> <error>' per failed case.
+def _why(error, lang):
+    """A failed case's error line in ``lang``: an assertion in the hidden tests' form (call:
+    expected X, got Y) is rendered from its parts; the call and the values are shown as they are."""
+    if not error:
+        return say("differs", lang)
+    name, _, message = error.partition(": ")
+    found = EXPECTED_GOT.match(message)
+    if found and found["call"]:
+        return f"{name}: " + say("expected_got", lang, **found.groupdict())
+    if found:
+        return f"{name}: " + say("expected_got_bare", lang, expected=found["expected"], got=found["got"])
+    return error
+
+
+def _failures(output, cases, lang="en"):
+    """'public|hidden test N [rule]: <first line of the failed example> -> <error>' per failed case,
+    in ``lang`` (the rule and the number are the same in every language).
 
     ``output`` is otter's report for one question; ``cases`` its question_cases() entries. The
     code of a hidden case is not shown: its rule and the error it raised (expected and got) are.
@@ -251,16 +321,24 @@ def _failures(output, cases):
             continue
         n = int(number)
         case = cases[n - 1] if n - 1 < len(cases) else {"hidden": False, "rule": None}
-        kind = "hidden" if case["hidden"] else "public"
-        first = (body.split("Failed example:", 1) + [""])[1]  # the first failed line, to its error
-        first = first.split("Failed example:", 1)[0]
-        example = first.strip().splitlines()[0].strip() if first.strip() else ""
-        errors = re.findall(r"^\s*((?:[\w.]+(?:Error|Exception|Interrupt|Exit))\b.*)$", first, re.M)
-        why = errors[-1].strip() if errors else "the output differs from the expected one"
-        shown = f"{example[:70]} -> " if example and kind == "public" else ""
-        rule = f" [{case['rule']}]" if case["rule"] else ""
-        failed.append(f"{kind} test {n}{rule}: {shown}{why}")
+        failed.append(case_failure(n, case, body, lang))
     return failed
+
+
+def case_failure(n, case, report, lang="en"):
+    """One failed case, test ``n`` of its question (``case``: its question_cases() entry), from
+    its doctest ``report`` (from "Failed example:" on), in ``lang``."""
+    kind = "hidden" if case["hidden"] else "public"
+    first = (report.split("Failed example:", 1) + [""])[1]  # the first failed line, to its error
+    first = first.split("Failed example:", 1)[0]
+    example = first.strip().splitlines()[0].strip() if first.strip() else ""
+    errors = re.findall(r"^\s*((?:[\w.]+(?:Error|Exception|Interrupt|Exit))\b.*)$", first, re.M)
+    why = _why(errors[-1].strip() if errors else "", lang)
+    rule = say("rule", lang, rule=case["rule"]) if case["rule"] else ""
+    if kind == "public":
+        shown = f"{example[:70]} -> " if example else ""
+        return say("case.public", lang, n=n, rule=rule, shown=shown, why=why)
+    return say("case.hidden", lang, n=n, rule=rule, why=why)
 
 
 def _processes_to_stop(root_pid, token):
@@ -343,9 +421,9 @@ def _resolve_submission(submission, chapter, source_dir):
     return name, nb
 
 
-def _answer_cell_notices(executed_path, cell_timeout):
+def _answer_cell_notices(executed_path, cell_timeout, lang="en"):
     """{question: [notice]} for every answer cell of the executed notebook that raised an error
-    or was interrupted; the question is the one whose check follows the cell."""
+    or was interrupted, in ``lang``; the question is the one whose check follows the cell."""
     try:
         cells = json.loads(Path(executed_path).read_text())["cells"]
     except (OSError, ValueError, KeyError):
@@ -359,16 +437,12 @@ def _answer_cell_notices(executed_path, cell_timeout):
                 if out.get("output_type") != "error":
                     continue
                 if out.get("ename") == "KeyboardInterrupt":
-                    pending.append(f"its answer cell was interrupted after {cell_timeout:g} s "
-                                   "(--cell-timeout) and did not finish; the tests ran without "
-                                   "the rest of it")
+                    pending.append(say("cell_interrupted", lang, seconds=cell_timeout))
                 elif out.get("ename") == "SyntaxError":
-                    pending.append(f"its answer cell has a syntax error, so none of it ran: "
-                                   f"SyntaxError: {out.get('evalue', '')}")
+                    pending.append(say("cell_syntax_error", lang, detail=out.get("evalue", "")))
                 else:
-                    pending.append(f"its answer cell raised {out.get('ename')}: "
-                                   f"{out.get('evalue', '')}; the tests ran on what it had "
-                                   "defined before that")
+                    pending.append(say("cell_raised", lang, error=out.get("ename"),
+                                       detail=out.get("evalue", "")))
         question = re.search(r"\.check\(\s*[\"'](\w+)[\"']\s*\)", _cell_source(cell))
         if question and pending:
             notices.setdefault(question.group(1), []).extend(pending)
@@ -400,13 +474,13 @@ def _cell_source(cell):
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
 
-def _run_otter(autograder, nb, submission_name, work, token, timeout, limits):
+def _run_otter(autograder, nb, submission_name, work, token, timeout, limits, lang="en"):
     """Run otter on a copy of nb in work/; return (process, timed_out)."""
     sub_copy = work / "submission" / submission_name
     sub_copy.parent.mkdir()
     sub_copy.write_text(json.dumps(nb))
     (work / "tmp").mkdir()
-    env = dict(os.environ, **{TOKEN_ENV: token, "TMPDIR": str(work / "tmp")})
+    env = dict(os.environ, **{TOKEN_ENV: token, "TMPDIR": str(work / "tmp"), LANGUAGE_ENV: lang})
     with open(work / "otter.log", "w") as log:  # a file, not a pipe: no wait on a straggler's EOF
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "_otter-run", *map(str, limits),
@@ -423,7 +497,7 @@ def _run_otter(autograder, nb, submission_name, work, token, timeout, limits):
             return proc, True
 
 
-def _run_otter_patiently(autograder, nb, submission_name, root, token, timeout, limits):
+def _run_otter_patiently(autograder, nb, submission_name, root, token, timeout, limits, lang="en"):
     """_run_otter in root/try1; if its kernel did not start in time, once more in root/try2
     with twice the start-up limit. Returns (process, timed_out, work folder, otter's log)."""
     cell_timeout, question_timeout, startup = limits
@@ -431,7 +505,7 @@ def _run_otter_patiently(autograder, nb, submission_name, root, token, timeout, 
         work = root / f"try{attempt}"
         work.mkdir()
         proc, timed_out = _run_otter(autograder, nb, submission_name, work, token, timeout,
-                                     (cell_timeout, question_timeout, startup * attempt))
+                                     (cell_timeout, question_timeout, startup * attempt), lang)
         log = (work / "otter.log").read_text(errors="replace")
         if timed_out or proc.returncode == 0 or not KERNEL_NOT_STARTED.search(log):
             break
@@ -439,31 +513,34 @@ def _run_otter_patiently(autograder, nb, submission_name, root, token, timeout, 
     return proc, timed_out, work, log
 
 
-def _explain(failures, nb, handed_out, notices):
+def _explain(failures, nb, handed_out, notices, lang="en"):
     """Say why a question failed where the cases alone mislead: an answer cell still as handed
     out is 'not answered yet' (one line, not every case), and a NameError after a syntax error
     points at the syntax error."""
     if Path(handed_out).is_file():
         for q in unanswered_questions(nb, json.loads(Path(handed_out).read_text())) & set(failures):
-            failures[q] = ["not answered yet (its answer cell is as handed out)"]
+            failures[q] = [say("not_answered", lang)]
     for q, said in notices.items():  # a name the tests miss because the cell never ran
-        if q in failures and any("syntax error" in n for n in said):
-            failures[q] = [why + " (its answer cell has a syntax error: see the note)"
+        if q in failures and any("SyntaxError:" in n for n in said):
+            failures[q] = [say("see_syntax_error", lang, why=why)
                            if "NameError" in why else why for why in failures[q]]
 
 
 def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0, chapter=None,
-          source_dir=SOURCE_DIR, dist_dir=DIST_DIR, kernel_seconds=None):
+          source_dir=SOURCE_DIR, dist_dir=DIST_DIR, kernel_seconds=None, language=None):
     """Grade one notebook with otter run in a subprocess; return a results dict.
 
     {'chapter', 'scores': {q: score}, 'max_scores': {q: points}, 'failures': {q: [why, ...]},
      'notices': {q: [an answer cell that raised or was interrupted]}, 'total', 'max_total',
-     'timed_out', 'timeout', 'seconds', 'run_id' (the value of TOKEN_ENV in the run's processes)}.
+     'timed_out', 'timeout', 'seconds', 'run_id' (the value of TOKEN_ENV in the run's processes),
+     'language'}. The failures and notices are in ``language``: by default the notebook's own
+    (its metadata "language": "zh_CN" for the Chinese notebooks), else English.
     Limits: an answer cell past ``cell_timeout`` s is interrupted; a question's tests past
     ``question_timeout`` s of processor time fail; past ``timeout`` s in all (default 60 s plus
     twice ``question_timeout`` per question, times load_factor()) every question scores 0.
     """
     name, nb = _resolve_submission(submission, chapter, source_dir)
+    lang = notebook_language(nb, language)
     autograder = find_autograder(name, dist_dir)
     source_mtime = available_chapters(source_dir)[name].stat().st_mtime
     if autograder is None or autograder.stat().st_mtime < source_mtime:  # missing or stale
@@ -484,9 +561,9 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
         start = time.monotonic()
         proc, timed_out, work, log = _run_otter_patiently(
             autograder, nb, Path(submission).name, root, token, timeout,
-            (cell_timeout, question_timeout, startup))
+            (cell_timeout, question_timeout, startup), lang)
         seconds = time.monotonic() - start
-        notices = _answer_cell_notices(work / "executed.ipynb", cell_timeout)
+        notices = _answer_cell_notices(work / "executed.ipynb", cell_timeout, lang)
         if not timed_out:
             results_path = work / "results.json"
             if proc.returncode != 0 and KERNEL_NOT_STARTED.search(log):
@@ -498,8 +575,8 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
             for test in json.loads(results_path.read_text())["tests"]:
                 if test["name"] in scores:
                     scores[test["name"]] = float(test["score"])
-                    failures[test["name"]] = _failures(test.get("output"), cases[test["name"]])
-            _explain(failures, nb, Path(dist_dir) / name / "student" / f"{name}.ipynb", notices)
+                    failures[test["name"]] = _failures(test.get("output"), cases[test["name"]], lang)
+            _explain(failures, nb, Path(dist_dir) / name / "student" / f"{name}.ipynb", notices, lang)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {
@@ -507,22 +584,22 @@ def grade(submission, *, timeout=None, cell_timeout=10.0, question_timeout=10.0,
         "notices": {q: notices.get(q, []) for q in max_scores},
         "total": sum(scores.values()), "max_total": sum(max_scores.values()),
         "timed_out": timed_out, "timeout": timeout, "seconds": seconds, "run_id": token,
+        "language": lang,
     }
 
 
 def _print_results(submission, r):
-    print(f"Grading {submission} against {r['chapter']} (timeout {r['timeout']:g} s)")
+    lang = r.get("language", "en")
+    print(say("header", lang, submission=submission, chapter=r["chapter"], timeout=r["timeout"]))
     if r["timed_out"]:
-        print(f"TIMED OUT after {r['timeout']:g} s: the notebook did not finish (an infinite "
-              "loop, or a machine too busy to finish in time: --timeout SECONDS allows longer); "
-              "every question scores 0.")
+        print(say("timed_out", lang, timeout=r["timeout"]))
     for q, max_score in r["max_scores"].items():
         print(f"  {q:<8} {r['scores'][q]:6.2f} / {max_score:g}")
         for notice in r["notices"][q]:
-            print(f"             note: {notice}")
+            print("             " + say("note", lang, notice=notice))
         for why in r["failures"][q]:
             print(f"             {why}")
-    print(f"  {'total':<8} {r['total']:6.2f} / {r['max_total']:g}")
+    print(f"  {say('total', lang):<8} {r['total']:6.2f} / {r['max_total']:g}")
 
 
 # The grading kernel's first cell after otter's own: each question's tests get a time limit.
@@ -534,7 +611,7 @@ import importlib.util as _exercise_util
 _exercise_spec = _exercise_util.spec_from_file_location("exercise_checks", {path!r})
 _exercise_checks = _exercise_util.module_from_spec(_exercise_spec)
 _exercise_spec.loader.exec_module(_exercise_checks)
-_exercise_checks.install_question_time_limit({seconds!r})
+_exercise_checks.install_question_time_limit({seconds!r}, {lang!r})
 del _exercise_util, _exercise_spec, _exercise_checks, _exercise_sys
 """
 
@@ -586,7 +663,8 @@ def _otter_run(cell_timeout, question_timeout, startup, executed_path, otter_arg
     def add_cells_and_limit(self, nb):
         add_cells(self, nb)  # otter's set-up cell first, its export cell last
         source = LIMIT_CELL.format(path=str(Path(__file__).with_name("exercise_checks.py")),
-                                   seconds=question_timeout, root=str(ROOT))
+                                   seconds=question_timeout, root=str(ROOT),
+                                   lang=os.environ.get(LANGUAGE_ENV, "en"))
         nb.cells.insert(1, nbformat.v4.new_code_cell(source))
 
     grade_notebook = python_runner.grade_notebook
@@ -625,6 +703,8 @@ def main(argv=None):
     p_grade.add_argument("--question-timeout", type=float, default=10.0,
                          help="processor seconds for one question's tests (default 10)")
     p_grade.add_argument("--chapter", help="chapter to grade against (default: from the notebook)")
+    p_grade.add_argument("--language", help="the language of the feedback: en or zh_CN (default: "
+                                            "the notebook's, from its metadata; else en)")
     for p in (p_build, p_grade):
         p.add_argument("--kernel-timeout", type=float, default=None,
                        help=f"seconds a Jupyter kernel gets to start (default: ${KERNEL_TIMEOUT_ENV}, "
@@ -650,7 +730,7 @@ def main(argv=None):
             r = grade(args.submission, timeout=args.timeout, cell_timeout=args.cell_timeout,
                       question_timeout=args.question_timeout, chapter=args.chapter,
                       source_dir=args.source_dir, dist_dir=args.dist_dir,
-                      kernel_seconds=args.kernel_timeout)
+                      kernel_seconds=args.kernel_timeout, language=args.language)
             _print_results(args.submission, r)
     except ExerciseError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -150,9 +150,11 @@ def test_no_module_is_longer_than_300_lines():
 
 
 def _used_outside_tests() -> set[str]:
-    """labkit modules the labs and scripts import, and everything those import in turn."""
+    """labkit modules the labs, scripts and the book's extensions (the calculators' page code)
+    import, and everything those import in turn."""
     mods = _modules()
     sources = [p.read_text() for p in sorted((ROOT / "scripts").glob("*.py"))]
+    sources += [p.read_text() for p in sorted((ROOT / "_ext").rglob("*.py"))]
     for nb in sorted((ROOT / "labs").glob("*.ipynb")):
         cells = json.loads(nb.read_text())["cells"]
         code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]

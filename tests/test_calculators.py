@@ -25,6 +25,7 @@ from browser_support import LOCAL_HOSTS, ROOT, SCALE
 
 from labkit.estimate import check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
+from labkit.messages import error_message, render, training_reason
 from labkit.plan import plan_training
 from labkit.shapes import PRESETS
 
@@ -174,13 +175,14 @@ def _expected_inputs(form: dict, kind: str) -> dict:
     return got
 
 
-def _estimate(kind: str, got: dict) -> dict:
-    """What labkit returns for these inputs: {data-name: value}, or {"error": message}."""
+def _estimate(kind: str, got: dict, lang: str = "en") -> dict:
+    """What labkit returns for these inputs: {data-name: value}, or {"error": message}; the
+    messages (a refusal, why nothing fits) as labkit.messages renders them in ``lang``."""
     try:
         shape = replace(PRESETS[got["preset"]], **{n: got[n] for n in SHAPE})
         capacity = GPUS[got["gpu"]].memory_bytes
         if kind == "plans":
-            return _plans(shape, got)
+            return _plans(shape, got, lang)
         if kind == "kv":
             check_context_len(shape, got["context_len"])
             est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
@@ -208,10 +210,10 @@ def _estimate(kind: str, got: dict) -> dict:
             out[prefix + "fits"] = int(d["total"] <= capacity)
         return out
     except (ValueError, TypeError) as e:
-        return {"error": str(e)}
+        return {"error": error_message(e, lang)}
 
 
-def _plans(shape, got: dict) -> dict:
+def _plans(shape, got: dict, lang: str = "en") -> dict:
     found = plan_training(shape, gpu=got["gpu"], num_gpus=got["num_gpus"],
                           gpus_per_node=got["gpus_per_node"], seq_len=got["seq_len"],
                           global_batch=got["global_batch"],
@@ -219,7 +221,7 @@ def _plans(shape, got: dict) -> dict:
                           interleave=tuple(got["interleave"]))
     out = {"considered": found.considered, "fitting": len(found.plans)}
     if not found.plans:
-        out["reason"] = found.reason()
+        out["reason"] = training_reason(found.overflows, lang)
         return out
     best = found.plans[0]
     out.update({k: getattr(best.memory, k) for k in TRAIN_PARTS})
@@ -230,16 +232,18 @@ def _plans(shape, got: dict) -> dict:
     return out
 
 
-def _plan_text(name: str, value) -> str | None:
+def _plan_text(name: str, value, lang: str = "en") -> str | None:
     """What the plans table shows for a value (None: not a table cell)."""
     if name == "step_time_s":
-        return f"{value:.2f} s"
+        return render("unit.seconds", lang, value=value)
     if name == "mfu":
-        return f"{100 * value:.1f}%"
+        return render("unit.percent", lang, value=100 * value)
     if name == "total":
         return _gb(value)
     if name == "sequence_parallel":
-        return "on" if value else "off"
+        return render("value.on" if value else "value.off", lang)
+    if name == "recompute":
+        return render(f"option.recompute.{value}", lang)
     return str(value)
 
 
@@ -293,7 +297,7 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def _check_shown(kind: str, shown: dict, expected: dict, inputs: dict) -> None:
+def _check_shown(kind: str, shown: dict, expected: dict, inputs: dict, lang: str = "en") -> None:
     if "error" in expected:
         assert shown == expected, f"{kind} {inputs}: the page's error differs from labkit's"
         return
@@ -308,7 +312,7 @@ def _check_shown(kind: str, shown: dict, expected: dict, inputs: dict) -> None:
                 assert math.isclose(float(value), want, rel_tol=1e-12), (kind, inputs, name, value)
             else:
                 assert value == str(want), f"{kind} {inputs}: {name} shown {value}, labkit {want}"
-            assert text == _plan_text(part, want), f"{kind} {inputs}: {name} reads {text!r}"
+            assert text == _plan_text(part, want, lang), f"{kind} {inputs}: {name} reads {text!r}"
         else:
             assert int(value) == want, f"{kind} {inputs}: {name} shown {value}, labkit {want}"
         if name == "reason" or (kind == "plans" and name.startswith("p") and "-" in name):
@@ -413,7 +417,8 @@ def test_the_bundle_holds_what_importing_the_estimator_and_planner_loads():
     ext = _calculators_ext()
     bundled = set(ext.labkit_modules(ROOT, ext.entries_for(ROOT)))
     code = ("import sys; sys.modules['torch'] = None; import labkit.estimate, labkit.plan, "
-            "labkit.memory.analytic; print(sorted(m for m in sys.modules if m.split('.')[0] == 'labkit'))")
+            "labkit.memory.analytic, labkit.messages; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'labkit'))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           check=True)
     assert bundled == set(eval(proc.stdout)), proc.stdout  # noqa: S307 (our own printed list)
@@ -432,3 +437,146 @@ def test_the_bundle_refuses_a_module_that_imports_torch_when_it_loads(tmp_path):
                                 "    pass\n")
     with pytest.raises(ExtensionError, match="labkit.bad imports torch"):
         ext.labkit_modules(tmp_path, ("labkit.bad",))
+
+
+# The calculators outside the book: a page per language with one calculator of each kind, built
+# from the same runtime and bundle the book copies (_ext/calculators.py), opened from file://.
+STANDALONE = """<!DOCTYPE html>
+<html lang="{lang}"><head><meta charset="utf-8">
+<script src="brython.js"></script><script src="brython_stdlib.js"></script>
+<script src="labkit.brython.js"></script>
+<script type="text/python">import calculator_ui
+calculator_ui.main()</script></head>
+<body>{divs}</body></html>
+"""
+# Beyond INPUTS, what a reader may type that labkit refuses, each rendered from its kind: a
+# mixture of experts (untrainable), a word for a number, a model the table's GPU cannot plan
+# (no bf16 peak), nothing fitting.
+MORE_INPUTS = {
+    "training": [{"preset": "mixtral-8x7b"}, {"preset": "gpt2-small", "seq_len": "abc"}],
+    "zero": [{"preset": "gpt2-small", "n_head": "5"}],
+    "activations": [{"preset": "llama-2-7b", "n_kv_head": "3"}],
+    "parallel": [{"preset": "gpt2-small", "pp_size": "13"}],
+    "kv": [{"preset": "llama-2-70b", "gpu": "t4", "tp_size": "1", "context_len": "4096"}],
+    "plans": [{"preset": "gpt2-small", "gpu": "t4", "num_gpus": "1", "global_batch": "8",
+               "seq_len": "1024", "micro_batches": "1", "interleave": "1"},
+              {"preset": "llama-2-70b", "gpu": "t4", "num_gpus": "1", "global_batch": "1"}],
+}
+NAMES = ("preset",)  # its options are the published models' names
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """{language: file:// address of the page}."""
+    import shutil
+
+    from sphinx.errors import ExtensionError
+
+    ext = _calculators_ext()
+    try:
+        data = ext.brython_data()
+    except ExtensionError as e:
+        pytest.skip(str(e))
+    folder = tmp_path_factory.mktemp("calculators")
+    for name in ext.RUNTIME:
+        shutil.copy2(data / name, folder / name)
+    (folder / "labkit.brython.js").write_text(ext.bundle(ROOT), encoding="utf-8")
+    divs = "".join(f'<div class="labkit-calc" data-kind="{kind}"></div>' for kind in INPUTS)
+    pages = {}
+    for lang, code in (("en", "en"), ("zh_CN", "zh-CN")):
+        (folder / f"{lang}.html").write_text(STANDALONE.format(lang=code, divs=divs), encoding="utf-8")
+        pages[lang] = (folder / f"{lang}.html").as_uri()
+    return pages
+
+
+def _refused(calc, timeout: float = 30.0) -> str:
+    """The error the output shows for inputs the page could not read (data-inputs empty)."""
+    out, deadline = calc.locator(".labkit-calc-output"), time.monotonic() + timeout * SCALE
+    while not (out.get_attribute("data-state") == "error" and not out.get_attribute("data-inputs")):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the calculator did not refuse the form: {out.inner_text()!r}")
+        time.sleep(0.1)
+    return out.locator(".labkit-calc-error").inner_text()
+
+
+def _words_shown(calc) -> list:
+    """Every text the calculator shows: labels, choices (not those of NAMES), progress, output,
+    and the titles of the bar's parts."""
+    return calc.evaluate("""(el, names) => {
+        const out = [];
+        el.querySelectorAll('label > span').forEach(s => out.push(s.textContent));
+        el.querySelectorAll('select').forEach(s => {
+            if (!names.includes(s.name)) s.querySelectorAll('option').forEach(o => out.push(o.textContent));
+        });
+        el.querySelectorAll('.labkit-calc-progress, .labkit-calc-output').forEach(o => out.push(o.innerText));
+        el.querySelectorAll('[title]').forEach(t => out.push(t.title));
+        return out; }""", list(NAMES))
+
+
+@pytest.mark.parametrize("lang", ["zh_CN", "en"])
+def test_calculators_speak_the_pages_language(browser, standalone, lang):  # noqa: F811
+    """Each calculator on a page of each language: the numbers are labkit's, every message is
+    rendered from data in the page's language (a refusal from the error's kind and fields, why
+    nothing fits from the planner's overflows), and a Chinese page shows no English word outside
+    the glossary's kept list (tests/test_i18n.py's scan); an English page no Chinese."""
+    from test_i18n import english_words, kept_latin
+
+    problems, requests = [], []
+    context, page = _open(browser, standalone[lang], problems, requests)
+    kept, cjk = kept_latin(), re.compile(r"[\u4e00-\u9fff]")
+    try:
+        _ready(page)
+        seen = set()
+        for kind in INPUTS:
+            calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
+            progress = set()
+            for inputs in INPUTS[kind] + MORE_INPUTS[kind]:
+                form = _set(page, calc, inputs)
+                typed = [n for n, v in inputs.items() if n in KNOB_KIND and not v.strip().isdigit()
+                         and KNOB_KIND[n] is int]
+                if typed:  # a word for a number: the page says which field, with nothing computed
+                    expected = {"error": render("error.not_a_number", lang, name=typed[0],
+                                                text=form[typed[0]])}
+                    assert _refused(calc) == expected["error"], (kind, inputs)
+                else:
+                    got = _expected_inputs(form, kind)
+                    expected = _estimate(kind, got, lang)
+                    _check_shown(kind, _shown(calc, got, progress=progress), expected, inputs, lang)
+                seen |= {"error" if "error" in expected else "reason" if "reason" in expected else "ok"}
+                texts = [t for t in _words_shown(calc) + sorted(progress) if t.strip()]
+                if lang == "zh_CN":
+                    english = {t: w for t in texts if (w := english_words(t, kept))}
+                    assert not english, f"{kind} {inputs}: English on the Chinese page: {english}"
+                    if "error" in expected:
+                        assert cjk.search(expected["error"]), expected["error"]
+                else:
+                    chinese = [t for t in texts if cjk.search(t)]
+                    assert not chinese, f"{kind} {inputs}: Chinese on the English page: {chinese}"
+        assert seen == {"ok", "error", "reason"}, seen
+    finally:
+        context.close()
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("kind", ["training", "plans"])
+def test_chinese_edition_calculator_speaks_chinese(browser, site, kind):  # noqa: F811
+    """The calculator on its Chinese page (the built book's zh/ edition, <html lang> from Sphinx's
+    ``language``) shows its labels and results in Chinese, with no English word outside the
+    glossary's kept list."""
+    from test_i18n import english_words, kept_latin
+
+    problems, requests = [], []
+    context, page = _open(browser, f"{site}/zh/{PAGES[kind]}.html", problems, requests)
+    try:
+        _ready(page)
+        calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
+        inputs = INPUTS[kind][1]
+        got = _expected_inputs(_set(page, calc, inputs), kind)
+        _check_shown(kind, _shown(calc, got), _estimate(kind, got, "zh_CN"), inputs, "zh_CN")
+        texts = [t for t in _words_shown(calc) if t.strip()]
+    finally:
+        context.close()
+    assert any(re.search(r"[\u4e00-\u9fff]", t) for t in texts), texts
+    english = {t: w for t in texts if (w := english_words(t, kept_latin()))}
+    assert not english, f"zh {kind}: English in the calculator: {english}"
+    assert not problems, "\n".join(problems)

@@ -232,9 +232,10 @@ def test_every_answer_cell_stands_alone(chapter):
                             "in no setup cell; import or define it in the answer's own cell"
 
 
-def _filled_in(built, chapter) -> dict:
-    """The student notebook with every answer cell holding the solution, as a student writes it."""
-    nb = json.loads((built["student"] / f"{chapter}.ipynb").read_text())
+def _filled_in(built, chapter, edition: str = "") -> dict:
+    """The student notebook (``edition`` "zh": the Chinese one) with every answer cell holding the
+    solution, as a student writes it."""
+    nb = json.loads((built["student"] / edition / f"{chapter}.ipynb").read_text())
     solved = json.loads((built["dist"] / chapter / "autograder" / f"{chapter}.ipynb").read_text())
     answers = [c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", [])]
     solutions = [c for c in solved["cells"]
@@ -988,3 +989,152 @@ def test_kernel_timeout_scales_with_load_and_takes_the_knob(monkeypatch):
     monkeypatch.setenv(ex.KERNEL_TIMEOUT_ENV, "soon")
     with pytest.raises(ex.ExerciseError, match=ex.KERNEL_TIMEOUT_ENV):
         ex.kernel_timeout()
+
+
+# The grader's feedback in the notebook's language: the Chinese notebooks (exercises/student/zh,
+# metadata "language": "zh_CN") get the same cases, numbers and rules, in Chinese.
+_EN_CASE = re.compile(r"^(public|hidden) test (\d+)(?: \[(.*?)\])?: ")
+_ZH_CASE = re.compile(r"^(公开|隐藏)测试 (\d+)(?: \[(.*?)\])?：")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+@pytest.mark.parametrize("chapter", BY_CHAPTER)
+def test_wrong_answers_feedback_in_chinese(built, variant_scores, chapter):
+    """Each recorded wrong answer's failed cases, as the grader says them to an English and to a
+    Chinese notebook: the same kind, number and rule; the Chinese one in Chinese, with what was
+    expected and what came back ("预期 ...，实际得到 ...") wherever the English one has them."""
+    cases = ex.question_cases(built["zip"])
+    wrong = [q for c, q, _, _, _ in WRONG_ANSWERS if c == chapter]
+    assert wrong and len(variant_scores["variants"]) == len(wrong)
+    expected_got = 0
+    for q, (_, _, failures, which) in zip(wrong, variant_scores["variants"]):
+        assert failures and len(failures) == len(which), (chapter, q)
+        for i, report in zip(which, failures):
+            en = ex.case_failure(i + 1, cases[q][i], report, "en")
+            zh = ex.case_failure(i + 1, cases[q][i], report, "zh_CN")
+            en_head, zh_head = _EN_CASE.match(en), _ZH_CASE.match(zh)
+            assert en_head and zh_head, (en, zh)
+            assert ({"public": "公开", "hidden": "隐藏"}[en_head[1]], en_head[2], en_head[3]) == \
+                zh_head.groups(), (en, zh)
+            assert en_head[3] == cases[q][i]["rule"] and int(en_head[2]) == i + 1, (en, cases[q][i])
+            assert "test " not in zh and "the output differs" not in zh, zh
+            said = zh[zh_head.end():].split(" -> ", 1)[-1]  # what it raised (a public case's code aside)
+            if re.search(r"(^|: )expected .*, got ", en[en_head.end():].split(" -> ", 1)[-1]):
+                expected_got += 1
+                assert "预期 " in said and "，实际得到 " in said and "expected " not in said, (en, zh)
+    assert expected_got, f"{chapter}: no failure shows expected and got"
+
+
+def test_grader_notices_and_time_limit_in_chinese(tmp_path, capsys):
+    """The notices about answer cells (interrupted, a syntax error, raised), the question time
+    limit's message and the printed summary, in each language; an unknown language is refused,
+    named."""
+    cells = [{"cell_type": "code", "metadata": {"tags": [ex.ANSWER_TAG]}, "source": "x",
+              "outputs": [{"output_type": "error", "ename": ename, "evalue": "boom"}]}
+             for ename in ("KeyboardInterrupt", "SyntaxError", "RuntimeError")]
+    cells.append({"cell_type": "code", "metadata": {}, "source": 'grader.check("q1")', "outputs": []})
+    executed = tmp_path / "executed.ipynb"
+    executed.write_text(json.dumps({"cells": cells}))
+    en = ex._answer_cell_notices(executed, 5, "en")["q1"]
+    zh = ex._answer_cell_notices(executed, 5, "zh_CN")["q1"]
+    assert len(en) == len(zh) == 3
+    assert "interrupted after 5 s" in en[0] and "SyntaxError: boom" in en[1] and "raised RuntimeError" in en[2]
+    assert "5 秒" in zh[0] and "SyntaxError: boom" in zh[1] and "RuntimeError" in zh[2]
+    assert all(_CJK.search(n) for n in zh) and not any(_CJK.search(n) for n in en)
+    failures = {"q1": ["hidden test 1: NameError: name 'f' is not defined"]}
+    ex._explain(failures, {}, tmp_path / "none.ipynb", {"q1": zh}, "zh_CN")
+    assert failures["q1"][0].endswith("（答案单元格有语法错误：见上面的说明）"), failures
+    checks = importlib.util.spec_from_file_location("exercise_checks_zh", CHECKS)
+    module = importlib.util.module_from_spec(checks)
+    checks.loader.exec_module(module)
+    assert module.limit_message("q2", 5, "en") == module.LIMIT_MESSAGE.format(q="q2", s=5)
+    assert module.limit_message("q2", 5, "zh_CN").startswith("q2 超出了 5 秒处理器时间的限制")
+    result = {"chapter": "01_memory_wall", "timeout": 60.0, "timed_out": True, "language": "zh_CN",
+              "max_scores": {"q1": 2.0}, "scores": {"q1": 0.0}, "notices": {"q1": zh[:1]},
+              "failures": {"q1": [ex.say("not_answered", "zh_CN")]}, "total": 0.0, "max_total": 2.0}
+    ex._print_results("作业.ipynb", result)
+    printed = capsys.readouterr().out
+    for said in ("评分：作业.ipynb，对照 01_memory_wall（时限 60 秒）", "超时：60 秒后", "说明：答案单元格",
+                 "尚未作答", "总分"):
+        assert said in printed, printed
+    assert not re.search(r"Grading|TIMED OUT|note:|total|not answered", printed), printed
+    assert ex.notebook_language({"metadata": {"language": "zh_CN"}}) == "zh_CN"
+    assert ex.notebook_language({"metadata": {}}) == "en"
+    with pytest.raises(ex.ExerciseError, match="language='fr'"):
+        ex.notebook_language({}, "fr")
+
+
+@pytest.mark.parametrize("chapter", [BY_CHAPTER[0]])
+def test_chinese_notebook_says_not_answered_in_chinese(built, chapter, tmp_path, monkeypatch, capsys):
+    """The Chinese student notebook prints its own lines in Chinese (LANGUAGE = "zh_CN"), and
+    grading it untouched says 'not answered yet' in Chinese, one line a question."""
+    zh_nb = built["student"] / "zh" / f"{chapter}.ipynb"
+    nb = json.loads(zh_nb.read_text())
+    assert nb["metadata"].get("language") == "zh_CN"
+    (tmp_path / f"{chapter}.ipynb").write_text(json.dumps(nb))
+    monkeypatch.chdir(tmp_path)
+    env = {"__name__": "__main__"}
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and ".check(" not in _source(cell):
+            exec(compile(_source(cell), f"<{chapter} zh>", "exec"), env)
+    assert env["LANGUAGE"] == "zh_CN"
+    capsys.readouterr()
+    q = list(_answers_map(zh_nb))[0]
+    assert env["grader"].check(q) is None
+    said = capsys.readouterr().out
+    assert said.startswith(f"{q}：尚未作答（请把 ") and "not answered" not in said, said
+    result = ex.grade(zh_nb, timeout=300, dist_dir=built["dist"])
+    assert result["language"] == "zh_CN" and not result["timed_out"]
+    assert result["failures"] == {q: [ex.say("not_answered", "zh_CN")] for q in result["max_scores"]}
+    assert _CJK.search(ex.say("not_answered", "zh_CN"))
+
+
+def test_chinese_colab_links_open_the_chinese_notebooks():
+    """The exercises page's Colab link of each chapter opens that chapter's student notebook:
+    the English one in the English edition, the Chinese one (exercises/student/zh) in the
+    Chinese edition (its catalogue's translation of the link)."""
+    i18n = sys.modules.get("i18n_script")
+    if i18n is None:  # scripts/i18n.py, as scripts/exercises.py loads it
+        spec = importlib.util.spec_from_file_location("i18n_script", ROOT / "scripts" / "i18n.py")
+        i18n = sys.modules["i18n_script"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(i18n)
+    page = (ROOT / "exercises" / "index.md").read_text(encoding="utf-8")
+    english = dict(re.findall(r"^\[(colab-\d+)\]: (\S+)$", page, re.M))
+    zh = i18n.translations_of(i18n.LOCALE_DIR / "exercises" / "index.po")
+    names = sorted(p.name for p in COMMITTED_STUDENT_DIR.glob("*.ipynb"))
+    assert len(english) == len(names) == len(CHAPTERS), (english, names)
+    for name in names:
+        key = f"colab-{name[:2]}"
+        assert english[key].endswith(f"/exercises/student/{name}"), english[key]
+        link = zh.get(f"[Open in Colab][{key}]", "")
+        target = re.search(r"\]\((https://colab\.research\.google\.com/\S+?)\)", link)
+        assert target and target[1].endswith(f"/exercises/student/zh/{name}"), (key, link)
+        assert target[1].replace("/student/zh/", "/student/") == english[key]
+        assert (COMMITTED_STUDENT_DIR / "zh" / name).is_file()
+
+
+@pytest.mark.xdist_group(_group(LOOP_IN_TESTS_CHAPTER))
+@pytest.mark.parametrize("chapter", [LOOP_IN_TESTS_CHAPTER])
+def test_chinese_notebook_graded_in_chinese(built, chapter, tmp_path):
+    """Grading the Chinese notebook end to end: a syntax error's note and its NameErrors, and the
+    question time limit the grading kernel enforces, are said in Chinese, with the same cases,
+    numbers and rules as the English grader reports."""
+    nb = _filled_in(built, chapter, "zh")
+    answers = [c for c in nb["cells"] if "otter_answer_cell" in c["metadata"].get("tags", [])]
+    answers[0]["source"] += "\nthis line is not Python (\n"
+    answers[1]["source"] += "\n\ndef min_microbatches(p, target):\n    while True:\n        pass\n"
+    submission = tmp_path / "zh.ipynb"
+    submission.write_text(json.dumps(nb))
+    result = ex.grade(submission, timeout=240, cell_timeout=5, question_timeout=5, dist_dir=built["dist"])
+    assert result["language"] == "zh_CN" and not result["timed_out"], result
+    cases = ex.question_cases(built["zip"])
+    for q in ("q1", "q2"):
+        assert result["scores"][q] == 0 and result["failures"][q], (q, result)
+        for why in result["failures"][q]:
+            head = _ZH_CASE.match(why)
+            assert head, why
+            case = cases[q][int(head[2]) - 1]
+            assert (head[1] == "隐藏") == case["hidden"] and head[3] == case["rule"], (why, case)
+    assert all("（答案单元格有语法错误：见上面的说明）" in why for why in result["failures"]["q1"])
+    assert result["notices"]["q1"][0].startswith("答案单元格有语法错误"), result["notices"]
+    assert all("TimeoutError: q2 超出了 5 秒处理器时间的限制" in why for why in result["failures"]["q2"])

@@ -273,17 +273,22 @@ def _student_notebooks():
 
 def test_chinese_exercise_notebooks_are_up_to_date():
     """exercises/student/zh/ is what the catalogue makes of the English student notebooks
-    (scripts/exercises.py build writes it): same code, tests and metadata, translated prose."""
+    (scripts/exercises.py build writes it): same code, tests and metadata, translated prose; the
+    setup cell's LANGUAGE, which picks the lines the notebook prints, is "zh_CN"."""
+    exercises = _load("exercises_script", ROOT / "scripts" / "exercises.py")
     translations = i18n.translations_of(LOCALE_DIR / f"{i18n.NOTEBOOKS_DOMAIN}.po")
     committed = sorted(p.name for p in (ROOT / "exercises" / "student" / "zh").glob("*.ipynb"))
     assert committed == [p.name for p in _student_notebooks()]
     for path in _student_notebooks():
         english = json.loads(path.read_text(encoding="utf-8"))
-        fresh, _ = i18n.translate_notebook(english, translations)
+        fresh, _ = i18n.translate_notebook(json.loads(path.read_text(encoding="utf-8")), translations)
+        fresh = exercises._speak(fresh, "zh_CN")
         zh = json.loads((path.parent / "zh" / path.name).read_text(encoding="utf-8"))
         assert zh == fresh, f"exercises/student/zh/{path.name} is stale: scripts/exercises.py build"
         code = [c for c in english["cells"] if c["cell_type"] != "markdown"]
-        assert [c for c in zh["cells"] if c["cell_type"] != "markdown"] == code
+        zh_code = [c for c in zh["cells"] if c["cell_type"] != "markdown"]
+        assert sum('LANGUAGE = "zh_CN"' in "".join(c["source"]) for c in zh_code) == 1, path.name
+        assert [c for c in exercises._speak({"cells": zh_code}, "en")["cells"]] == code
         assert zh["metadata"]["otter"] == english["metadata"]["otter"]
 
 

@@ -9,6 +9,11 @@ The form's ``preset`` picks a published shape; the shape fields below it start a
 values and override them (``dataclasses.replace``), so a reader can type any shape. Every number
 shown carries its exact value in ``data-value``; the output carries the inputs it was computed
 from in ``data-inputs`` (JSON), so a test can check the page against the estimator.
+
+Every word shown (labels, option texts, column heads, units, progress, verdicts, the planner's
+reasons and labkit's refusals) comes from ``labkit.messages``' table of the page's language
+(``<html lang>``): the reasons are rendered from the planner's data (``TrainingPlans.overflows``),
+a refusal from the exception's ``kind`` and ``fields`` (``labkit.validate.ArgumentError``).
 """
 
 import json
@@ -19,34 +24,35 @@ from browser import document, html, timer, window
 from labkit.estimate import OPTIMIZERS, PRECISIONS, check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
 from labkit.memory.analytic import RECOMPUTE
+from labkit.messages import error_message, known, language, pieces, render, training_reason
 from labkit.shapes import PRESETS
 
-SHAPE_FIELDS = (("n_layer", "layers"), ("d_model", "d_model"), ("n_head", "heads"),
-                ("n_kv_head", "KV heads"), ("d_ff", "d_ff"), ("vocab_size", "vocab"))
+SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size")
 OPTIONAL = ("n_kv_head", "d_ff")  # empty: the preset family's default (multi-head, 4 h)
 
-# name: (label, kind, default, choices)
+# name: (kind, default, choices); the label a reader sees is labkit.messages' "label.<name>",
+# and a choice's text its "option.<name>.<choice>" where the catalogue has one
 KNOBS = {
-    "gpu": ("GPU", "choice", "a100-80gb", tuple(GPUS)),
-    "seq_len": ("sequence length", "int", 4096, None),
-    "micro_batch": ("micro-batch", "int", 1, None),
-    "dp_size": ("data-parallel GPUs N_d", "int", 8, None),
-    "tp_size": ("tensor-parallel t", "int", 1, None),
-    "pp_size": ("pipeline stages p", "int", 1, None),
-    "zero_stage": ("ZeRO stage", "choice", "0", ("0", "1", "2", "3")),
-    "recompute": ("recomputation", "choice", "none", RECOMPUTE),
-    "sequence_parallel": ("sequence parallelism", "choice", "off", ("off", "on")),
-    "precision": ("precision", "choice", "bf16-mixed", tuple(PRECISIONS)),
-    "optimizer": ("optimizer", "choice", "adamw", tuple(OPTIMIZERS)),
-    "weight_bytes": ("bytes per weight", "choice", "2", ("1", "2", "4")),
-    "kv_bytes": ("bytes per KV element", "choice", "2", ("1", "2", "4")),
-    "context_len": ("context length", "int", 4096, None),
-    "gpu_memory_utilization": ("memory utilisation", "float", 0.9, None),
-    "num_gpus": ("GPUs", "int", 8, None),
-    "gpus_per_node": ("GPUs per node", "int", 8, None),
-    "global_batch": ("global batch", "int", 64, None),
-    "micro_batches": ("micro-batches b tried", "ints", "1", None),
-    "interleave": ("interleave v tried", "ints", "1", None),
+    "gpu": ("choice", "a100-80gb", tuple(GPUS)),
+    "seq_len": ("int", 4096, None),
+    "micro_batch": ("int", 1, None),
+    "dp_size": ("int", 8, None),
+    "tp_size": ("int", 1, None),
+    "pp_size": ("int", 1, None),
+    "zero_stage": ("choice", "0", ("0", "1", "2", "3")),
+    "recompute": ("choice", "none", RECOMPUTE),
+    "sequence_parallel": ("choice", "off", ("off", "on")),
+    "precision": ("choice", "bf16-mixed", tuple(PRECISIONS)),
+    "optimizer": ("choice", "adamw", tuple(OPTIMIZERS)),
+    "weight_bytes": ("choice", "2", ("1", "2", "4")),
+    "kv_bytes": ("choice", "2", ("1", "2", "4")),
+    "context_len": ("int", 4096, None),
+    "gpu_memory_utilization": ("float", 0.9, None),
+    "num_gpus": ("int", 8, None),
+    "gpus_per_node": ("int", 8, None),
+    "global_batch": ("int", 64, None),
+    "micro_batches": ("ints", "1", None),
+    "interleave": ("ints", "1", None),
 }
 
 KINDS = {
@@ -61,47 +67,33 @@ KINDS = {
 }
 TOP = 5  # plans shown
 STEP_MS = 40  # the planner's sweep runs this long between the browser's turns (it stays responsive)
-PLAN_COLUMNS = (("tp_size", "t"), ("pp_size", "p"), ("v", "v"), ("dp_size", "N_d"), ("cp_size", "cp"),
-                ("zero_stage", "ZeRO"), ("recompute", "recompute"), ("sequence_parallel", "SP"),
-                ("micro_batch", "b"), ("num_microbatches", "m"), ("step_time_s", "step"),
-                ("mfu", "MFU"), ("total", "memory"))
+PLAN_COLUMNS = ("tp_size", "pp_size", "v", "dp_size", "cp_size", "zero_stage", "recompute",
+                "sequence_parallel", "micro_batch", "num_microbatches", "step_time_s", "mfu", "total")
 
 TRAIN_PARTS = ("params", "grads", "optimizer", "activations", "transient")
 SERVE_PARTS = ("weights", "activation_peak", "non_torch", "kv_cache")
-LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states",
-          "activations": "activations", "transient": "transient peaks", "weights": "weights",
-          "activation_peak": "forward peak", "non_torch": "non-PyTorch", "kv_cache": "KV cache"}
 
 
-# The words the calculators show, by page language (<html lang>, from Sphinx's ``language``):
-# TRANSLATIONS["zh_CN"] = {"preset": "...", ...}; a phrase missing from it is shown in English.
-TRANSLATIONS = {"zh_CN": {
-    "preset": "预设模型", "layers": "层数", "heads": "头数", "KV heads": "KV 头数", "vocab": "词表",
-    "sequence length": "序列长度", "micro-batch": "微批次", "data-parallel GPUs N_d": "数据并行 GPU 数 N_d",
-    "tensor-parallel t": "张量并行 t", "pipeline stages p": "流水线阶段数 p", "ZeRO stage": "ZeRO 阶段",
-    "recomputation": "重计算", "sequence parallelism": "序列并行", "precision": "精度",
-    "optimizer": "优化器", "bytes per weight": "每个权重的字节数", "bytes per KV element": "每个 KV 元素的字节数",
-    "context length": "上下文长度", "memory utilisation": "显存利用率", "GPUs": "GPU 数",
-    "GPUs per node": "每节点 GPU 数", "global batch": "全局批次", "micro-batches b tried": "尝试的微批次 b",
-    "interleave v tried": "尝试的交错度 v", "recompute": "重计算", "step": "步时", "memory": "显存",
-    "parameters": "参数", "gradients": "梯度", "optimizer states": "优化器状态", "activations": "激活值",
-    "transient peaks": "临时峰值", "weights": "权重", "forward peak": "前向峰值",
-    "non-PyTorch": "非 PyTorch", "KV cache": "KV 缓存", "total per GPU": "每个 GPU 合计",
-    "GPU memory": "GPU 显存", "KV blocks": "KV 块", "tokens cached": "缓存的 token 数",
-    "requests of {n} tokens": "{n} 个 token 的请求数", "fits": "放得下",
-    "does not fit: no request of this length fits": "放不下：连一个这种长度的请求都放不下",
-    "fits in {capacity}": "放得下，上限 {capacity}", "does not fit: {total} of {capacity}": "放不下：{total}，上限 {capacity}",
-    " configurations sized, ": " 种配置已估算，", " fit.": " 种放得下。", "Nothing fits: ": "没有配置放得下：",
-    "The fastest plan's memory per GPU (limit {limit}):": "最快方案每个 GPU 的显存（上限 {limit}）：",
-    "The calculator could not start: ": "计算器未能启动：",
-    "computing: {done} of {total} layouts sized": "计算中：已估算 {done}/{total} 种布局",
-}}
-LANG = (document.documentElement.lang or "en").replace("-", "_")
+def _page_language():
+    """The catalogue of the page's language (<html lang>, from Sphinx's ``language``); English
+    for a language labkit.messages has no catalogue for."""
+    try:
+        return language(document.documentElement.lang or "en")
+    except ValueError:
+        return "en"
 
 
-def _t(text, **values):
-    words = TRANSLATIONS.get(LANG) or TRANSLATIONS.get(LANG.split("_")[0]) or {}
-    return words.get(text, text).format(**values)
+LANG = _page_language()
+
+
+def _t(kind, **fields):
+    """``kind`` from labkit.messages' table of the page's language."""
+    return render(kind, LANG, **fields)
+
+
+def _option(name, choice):
+    kind = f"option.{name}.{choice}"
+    return _t(kind) if known(kind) else str(choice)
 
 
 class Dims:
@@ -112,19 +104,29 @@ class Dims:
 
 
 def gb(n):
-    return f"{n / 1e9:.2f} GB"
+    return _t("unit.gb", value=n / 1e9)
 
 
-def _field(calc, name, label, value, choices=None):
+def _field(calc, name, value, choices=None):
+    """A labelled box of the form: its label and its choices' texts in the page's language, its
+    values the code's."""
     if choices is None:
         box = html.INPUT(type="text", value="" if value is None else str(value), size=7,
                          name=name, **{"class": "labkit-calc-input"})
     else:
         box = html.SELECT(name=name, **{"class": "labkit-calc-input"})
         for c in choices:
-            box <= html.OPTION(str(c), value=str(c), selected=(str(c) == str(value)))
+            box <= html.OPTION(_option(name, c), value=str(c), selected=(str(c) == str(value)))
     calc.fields[name] = box
-    return html.LABEL(html.SPAN(_t(label)) + box)
+    return html.LABEL(html.SPAN(_t("label." + name)) + box)
+
+
+class FormError(ValueError):
+    """A field that is not a number: ``kind`` and ``fields`` as labkit's ArgumentError has them."""
+
+    def __init__(self, name, text):
+        super().__init__(f"{name}: {text!r} is not a number")
+        self.kind, self.fields = "not_a_number", {"name": name, "text": text}
 
 
 class Calculator:
@@ -134,13 +136,13 @@ class Calculator:
         self.fields = {}
         preset = root.attrs.get("data-preset", "llama-2-7b")
         form = html.DIV(Class="labkit-calc-form")
-        form <= _field(self, "preset", "preset", preset, tuple(PRESETS))
-        for name, label in SHAPE_FIELDS:
-            form <= _field(self, name, label, None)
+        form <= _field(self, "preset", preset, tuple(PRESETS))
+        for name in SHAPE_FIELDS:
+            form <= _field(self, name, None)
         for name in KINDS[self.kind]:
-            label, kind, default, choices = KNOBS[name]
+            kind, default, choices = KNOBS[name]
             default = root.attrs.get("data-" + name.replace("_", "-"), default)
-            form <= _field(self, name, label, default, choices)
+            form <= _field(self, name, default, choices)
         self.out = html.DIV(Class="labkit-calc-output")
         self.progress = html.P(Class="labkit-calc-progress")  # how far a sweep is (the planner's)
         self.run = 0  # the sweep under way; an older one stops at its next step
@@ -171,18 +173,18 @@ class Calculator:
 
     def fill_shape(self):
         shape = PRESETS[self.fields["preset"].value]
-        for name, _ in SHAPE_FIELDS:
+        for name in SHAPE_FIELDS:
             value = getattr(shape, name)
             self.fields[name].value = "" if value is None else str(value)
 
     def inputs(self):
         """The form as Python values (a ValueError names a field that is not a number)."""
         got = {"preset": self.fields["preset"].value}
-        for name, _ in SHAPE_FIELDS:
+        for name in SHAPE_FIELDS:
             text = self.fields[name].value.strip()
             got[name] = None if (text == "" and name in OPTIONAL) else _number(name, text, int)
         for name in KINDS[self.kind]:
-            kind = KNOBS[name][1]
+            kind = KNOBS[name][0]
             text = self.fields[name].value.strip()
             if kind == "int":
                 got[name] = _number(name, text, int)
@@ -203,14 +205,14 @@ class Calculator:
         got = None
         try:
             got = self.inputs()
-            shape = replace(PRESETS[got["preset"]], **{n: got[n] for n, _ in SHAPE_FIELDS})
+            shape = replace(PRESETS[got["preset"]], **{n: got[n] for n in SHAPE_FIELDS})
             if self.kind == "plans":
                 self.start_plans(shape, got)
                 return
             body = self.serving(shape, got) if self.kind == "kv" else self.training(shape, got)
             self.show(body, got, "ok")
         except (ValueError, TypeError) as e:
-            self.show(html.P(str(e), Class="labkit-calc-error"), got, "error")
+            self.show(_error(e), got, "error")
 
     def show(self, body, got, state):
         self.progress.text = ""
@@ -227,7 +229,7 @@ class Calculator:
             body = html.DIV()
             for stage in range(4):
                 d = self._train(shape, got, zero_stage=stage).to_dict()
-                body <= html.DIV(html.B(_t("ZeRO-{stage}", stage=stage))
+                body <= html.DIV(html.B(_t("zero_stage", stage=stage))
                                  + _bar(d, TRAIN_PARTS, capacity)
                                  + _numbers(d, TRAIN_PARTS, capacity, f"z{stage}-"))
             return body
@@ -253,12 +255,12 @@ class Calculator:
         d["total"] = est.weights + est.activation_peak + est.non_torch + est.kv_cache
         conc = est.max_concurrency(got["context_len"])
         counts = html.UL(Class="labkit-calc-counts")
-        for name, label, value in (("num_blocks", _t("KV blocks"), est.num_blocks),
-                                   ("max_tokens", _t("tokens cached"), est.max_tokens),
-                                   ("max_concurrency", _t("requests of {n} tokens",
-                                                          n=got["context_len"]), conc)):
-            counts <= html.LI(label + ": " + _value(name, value, str(value)))
-        verdict = _t("fits") if conc > 0 else _t("does not fit: no request of this length fits")
+        for name, label, value in (("num_blocks", _t("calc.kv_blocks"), est.num_blocks),
+                                   ("max_tokens", _t("calc.tokens_cached"), est.max_tokens),
+                                   ("max_concurrency", _t("calc.requests_of", n=got["context_len"]),
+                                    conc)):
+            counts <= html.LI(label + _t("plan.colon") + _value(name, value, str(value)))
+        verdict = _t("calc.serves") if conc > 0 else _t("calc.serves_none")
         return html.DIV(_bar(d, SERVE_PARTS, capacity) + _numbers(d, SERVE_PARTS, capacity, "")
                         + counts + html.P(_value("serves", int(conc > 0), verdict),
                                           Class="labkit-calc-verdict"))
@@ -288,33 +290,30 @@ class Calculator:
                     return
                 if window.performance.now() > end:
                     break
-            self.progress.text = _t("computing: {done} of {total} layouts sized", done=done, total=total)
+            self.progress.text = _t("calc.progress", done=done, total=total)
             timer.set_timeout(lambda: self.step_plans(steps, got, run), 0)
         except (ValueError, TypeError) as e:
-            self.show(html.P(str(e), Class="labkit-calc-error"), got, "error")
+            self.show(_error(e), got, "error")
 
     def plans(self, found):
         """The sweep's result: how many sized and fit, the fastest plan's memory, the best TOP."""
         body = html.DIV()
-        body <= html.P(_value("considered", found.considered, str(found.considered))
-                       + _t(" configurations sized, ")
-                       + _value("fitting", len(found.plans), str(len(found.plans))) + _t(" fit."))
-        if not found.plans:
-            body <= html.P(_t("Nothing fits: ") + _value("reason", 0, found.reason()),
-                           Class="labkit-calc-verdict")
+        body <= html.P(_spans("calc.sized", considered=found.considered, fitting=len(found.plans)))
+        if not found.plans:  # the reasons, from the overflows' data, in the page's language
+            reason = training_reason(found.overflows, LANG)
+            body <= html.P(_spans("calc.nothing_fits", reason=reason), Class="labkit-calc-verdict")
             return body
         best = found.plans[0]
         d = best.memory.to_dict()
-        body <= html.P(_t("The fastest plan's memory per GPU (limit {limit}):",
-                          limit=gb(best.limit_bytes)))
+        body <= html.P(_t("calc.best_memory", limit=best.limit_bytes))
         body <= _bar(d, TRAIN_PARTS, best.limit_bytes) + _numbers(d, TRAIN_PARTS, best.limit_bytes, "")
         table = html.TABLE(Class="labkit-calc-table labkit-calc-plans")
-        table <= html.TR([html.TH(_t(label)) for _, label in PLAN_COLUMNS])
+        table <= html.TR([html.TH(_t("column." + name)) for name in PLAN_COLUMNS])
         for i, plan in enumerate(found.plans[:TOP]):
             row = plan.to_dict()
             row["total"] = plan.memory.total
             table <= html.TR([html.TD(_value(f"p{i}-{k}", row[k], _plan_text(k, row[k])))
-                              for k, _ in PLAN_COLUMNS])
+                              for k in PLAN_COLUMNS])
         body <= table
         return body
 
@@ -322,13 +321,15 @@ class Calculator:
 def _plan_text(name, value):
     """How the plans table writes one value."""
     if name == "step_time_s":
-        return f"{value:.2f} s"
+        return _t("unit.seconds", value=value)
     if name == "mfu":
-        return f"{100 * value:.1f}%"
+        return _t("unit.percent", value=100 * value)
     if name == "total":
         return gb(value)
     if name == "sequence_parallel":
-        return "on" if value else "off"
+        return _t("value.on") if value else _t("value.off")
+    if name == "recompute":
+        return _option(name, value)
     return str(value)
 
 
@@ -336,7 +337,25 @@ def _number(name, text, kind):
     try:
         return kind(text)
     except ValueError:
-        raise ValueError(f"{name}: {text!r} is not a number") from None
+        raise FormError(name, text) from None
+
+
+def _error(e):
+    """A refusal, in the page's language: from the exception's kind and fields where it has them
+    (labkit.validate.ArgumentError, FormError)."""
+    return html.P(error_message(e, LANG), Class="labkit-calc-error")
+
+
+def _spans(kind, **fields):
+    """``kind`` in the page's language, each field's text in a value element (data-name: the
+    field, data-value: its exact value; the reason's: 0)."""
+    out = html.SPAN()
+    for text, name in pieces(kind, LANG, **fields):
+        if name is None:
+            out <= text
+        else:
+            out <= _value(name, 0 if name == "reason" else fields[name], text)
+    return out
 
 
 def _value(name, value, text):
@@ -349,9 +368,9 @@ def _bar(d, parts, capacity):
     bar = html.DIV(Class="labkit-calc-bar")
     for name in parts:
         if d[name] > 0:
-            bar <= html.DIV(Class=f"labkit-calc-seg labkit-calc-{name}", title=_t(LABELS[name]),
+            bar <= html.DIV(Class=f"labkit-calc-seg labkit-calc-{name}", title=_t("term." + name),
                             style={"width": f"{100 * d[name] / scale:.3f}%"})
-    bar <= html.DIV(Class="labkit-calc-cap", title=_t("GPU memory"),
+    bar <= html.DIV(Class="labkit-calc-cap", title=_t("calc.gpu_memory"),
                     style={"left": f"{100 * capacity / scale:.3f}%"})
     return bar
 
@@ -360,12 +379,12 @@ def _numbers(d, parts, capacity, prefix):
     table = html.TABLE(Class="labkit-calc-table")
     for name in parts + ("total",):
         key = html.SPAN(Class=f"labkit-calc-key labkit-calc-{name}") if name != "total" else ""
-        table <= html.TR(html.TD(key + _t(LABELS.get(name, "total per GPU")))
+        table <= html.TR(html.TD(key + _t("term." + name))
                          + html.TD(_value(prefix + name, d[name], gb(d[name]))))
     fits = d["total"] <= capacity
-    text = (_t("fits in {capacity}", capacity=gb(capacity)) if fits
-            else _t("does not fit: {total} of {capacity}", total=gb(d["total"]), capacity=gb(capacity)))
-    table <= html.TR(html.TD(_t("GPU memory")) + html.TD(_value(prefix + "fits", int(fits), text)))
+    text = (_t("calc.fits_in", capacity=capacity) if fits
+            else _t("calc.does_not_fit", total=d["total"], capacity=capacity))
+    table <= html.TR(html.TD(_t("calc.gpu_memory")) + html.TD(_value(prefix + "fits", int(fits), text)))
     return table
 
 
@@ -375,6 +394,6 @@ def main():
             Calculator(root)
         except Exception as e:  # show it in the page, where the reader looks
             root.clear()
-            root <= html.P(_t("The calculator could not start: ") + f"{type(e).__name__}: {e}",
+            root <= html.P(_t("calc.could_not_start", error=error_message(e, LANG)),
                            Class="labkit-calc-error")
             root.attrs["data-ready"] = "error"

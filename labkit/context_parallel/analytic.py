@@ -10,7 +10,7 @@ the estimator and the planner call these.
 from __future__ import annotations
 
 from ..hardware import get_gpu, peak_flops
-from ..validate import check_choice, check_int
+from ..validate import ArgumentError, check_choice, check_int
 
 __all__ = ["LAYOUTS", "check_cp_seq_len", "chunks_of_rank", "chunk_offsets", "causal_pairs", "computed_blocks",
            "ring_bytes_per_layer", "block_flops", "hide_chunk_tokens", "attention_activation_fraction"]
@@ -29,8 +29,9 @@ def check_cp_seq_len(seq_len: int, cp_size: int, layout: str = "zigzag", name: s
     n = _n_chunks(cp_size, layout)
     if seq_len % n:
         need = f"2 * cp_size = {n}" if layout == "zigzag" else f"cp_size = {n}"
-        raise ValueError(f"{name}={seq_len} must be divisible by {need} for cp_size={cp_size}, "
-                         f"layout={layout!r} (pad the sequence, or pick another cp_size)")
+        raise ArgumentError(f"{name}={seq_len} must be divisible by {need} for cp_size={cp_size}, "
+                            f"layout={layout!r} (pad the sequence, or pick another cp_size)", "cp_chunks",
+                            name=name, seq_len=seq_len, chunks=n, cp_size=cp_size)
     return seq_len // cp_size
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from ..hardware import get_gpu
 from ..paged_attention.analytic import blocks_for_tokens, cached_tokens, kv_bytes_per_token
-from ..validate import check_choice, check_float, check_int
+from ..validate import ArgumentError, check_choice, check_float, check_int
 from .report import breakdown
 from .training import as_shape
 
@@ -71,7 +71,8 @@ def check_context_len(shape, context_len: int) -> None:
     check_int("context_len", context_len, 1)
     shape = as_shape(shape)
     if context_len > shape.seq_len:
-        raise ValueError(f"context_len={context_len} must be at most the model's seq_len={shape.seq_len}")
+        raise ArgumentError(f"context_len={context_len} must be at most the model's seq_len={shape.seq_len}",
+                            "context_len", context_len=context_len, seq_len=shape.seq_len)
 
 
 def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_bytes: int = 2,
@@ -101,11 +102,11 @@ def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_by
     kv = shape.kv_heads
     unmodelled = [f for f in shape.features() if f in ("per-layer windows", "chunked attention")]
     if unmodelled:
-        raise ValueError(f"{unmodelled}: the serving estimate caps every layer's cache at one window; "
-                         "windows that differ by layer are not modelled yet")
+        raise ArgumentError(f"{unmodelled}: the serving estimate caps every layer's cache at one window; "
+                            "windows that differ by layer are not modelled yet", "windows", unmodelled=unmodelled)
     if shape.n_head % t or (kv % t and t % kv):
-        raise ValueError(f"tp_size={t} must divide n_head={shape.n_head}, and divide or be a multiple of "
-                         f"n_kv_head={kv}")
+        raise ArgumentError(f"tp_size={t} must divide n_head={shape.n_head}, and divide or be a multiple of "
+                            f"n_kv_head={kv}", "serving_tp", tp_size=t, n_head=shape.n_head, n_kv_head=kv)
     weights = _weights_per_rank(shape, t) * weight_bytes
     peak = profile_tokens * (3 * shape.d_model + 2 * shape.active_ffn_dim // t) * weight_bytes
     budget = math.floor(gpu_memory_utilization * g.memory_bytes)

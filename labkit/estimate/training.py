@@ -18,7 +18,7 @@ from ..memory.fused import fused_llama_layer_bytes
 from ..pipeline.analytic import max_in_flight
 from ..pipeline.schedules import make_schedule, peak_layers_in_flight
 from ..shapes import ModelShape, preset
-from ..validate import check_bool, check_choice, check_int
+from ..validate import ArgumentError, check_bool, check_choice, check_int
 from ..zero.analytic import STAGES, zero_model_state_bytes
 from .report import breakdown
 
@@ -82,8 +82,8 @@ def check_trainable(shape: ModelShape) -> ModelShape:
     missing = [f for f in shape.features() if f not in TRAINING_MODELS]
     if missing:
         moe = "; a mixture of experts needs an expert-parallel axis (ep), not there yet" if "experts" in missing else ""
-        raise ValueError(f"training estimates do not model {missing} yet (modelled: labkit's block, with "
-                         f"{list(TRAINING_MODELS)}){moe}")
+        raise ArgumentError(f"training estimates do not model {missing} yet (modelled: labkit's block, with "
+                            f"{list(TRAINING_MODELS)}){moe}", "untrainable", missing=missing)
     return shape
 
 

@@ -26,7 +26,7 @@ from ..memory.analytic import ATTENTION, RECOMPUTE
 from ..memory.fused import KERNELS
 from ..pipeline.analytic import check_pipeline, default_schedule
 from ..tensor_parallel.rules import check_sequence_parallel
-from ..validate import check_bool, check_choice, check_int
+from ..validate import ArgumentError, check_bool, check_choice, check_int
 from ..zero.analytic import STAGES, check_zero
 from .dims import ParallelDims
 
@@ -134,8 +134,8 @@ class RunConfig:
         first rule's ValueError, naming the argument and what is valid."""
         s = check_int("seq_len", seq_len or self.seq_len or shape.seq_len, 1)
         if s > shape.seq_len:
-            raise ValueError(f"seq_len={s} must be at most the model's seq_len={shape.seq_len} "
-                             "(its max_position_embeddings)")
+            raise ArgumentError(f"seq_len={s} must be at most the model's seq_len={shape.seq_len} "
+                                "(its max_position_embeddings)", "seq_len_max", seq_len=s, max_len=shape.seq_len)
         shape.check_tp_size(self.tp_size)
         check_pipeline(shape.n_layer, self.pp_size, self.num_microbatches, self.v, self.schedule)
         if self.cp_size > 1:

@@ -9,7 +9,7 @@ forward (activations) and once backward (their gradients); interleaving makes v 
 
 from __future__ import annotations
 
-from ..validate import check_int
+from ..validate import ArgumentError, check_int
 from .schedules import SCHEDULES
 
 __all__ = ["bubble_fraction", "max_in_flight", "p2p_messages", "default_schedule", "check_pipeline",
@@ -82,13 +82,17 @@ def check_pipeline(n_layer: int, pp_size: int, num_microbatches: int, v: int = 1
     _check(p, m, v)
     check_int("n_layer", n_layer, 1)
     if p > n_layer:
-        raise ValueError(f"pp_size={p} must be at most n_layer={n_layer} (a stage holds a layer or more)")
+        raise ArgumentError(f"pp_size={p} must be at most n_layer={n_layer} (a stage holds a layer or more)",
+                            "pp_size", pp_size=p, n_layer=n_layer)
     schedule = default_schedule(p, m, v) if schedule is None else schedule
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES}")
+        raise ArgumentError(f"schedule={schedule!r} must be one of {SCHEDULES}", "choice", name="schedule",
+                            value=schedule, choices=list(SCHEDULES))
     if (schedule == "interleaved") != (v > 1) and not (schedule == "interleaved" and v == 1):
-        raise ValueError(f"v={v} chunks a rank need schedule='interleaved' (and v > 1); got {schedule!r}")
+        raise ArgumentError(f"v={v} chunks a rank need schedule='interleaved' (and v > 1); got {schedule!r}",
+                            "interleave_schedule", v=v, schedule=schedule)
     if not interleave_allowed(n_layer, p, m, v):
-        raise ValueError(f"v={v} chunks a rank need pp_size > 1 (got {p}), v x pp_size = {v * p} at most "
-                         f"n_layer={n_layer} and pp_size dividing num_microbatches={m}")
+        raise ArgumentError(f"v={v} chunks a rank need pp_size > 1 (got {p}), v x pp_size = {v * p} at most "
+                            f"n_layer={n_layer} and pp_size dividing num_microbatches={m}", "interleave",
+                            v=v, pp_size=p, n_layer=n_layer, num_microbatches=m)
     return schedule

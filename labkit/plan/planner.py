@@ -16,9 +16,9 @@ from typing import NamedTuple
 from ..estimate import OPTIMIZERS, PRECISIONS, as_shape, check_trainable
 from ..hardware import get_gpu, peak_flops
 from ..memory.analytic import ATTENTION
-from ..parallel.compose import runnable_reason
+from ..parallel.compose import refusal_key, refusal_text, runnable_reason
 from ..parallel.config import RunConfig
-from ..validate import check_bool, check_choice, check_float, check_int, check_positive
+from ..validate import ArgumentError, check_bool, check_choice, check_float, check_int, check_positive
 from .sweep import cp_degrees, flops_of, layouts, pipeline_choices, training_memory
 from .steptime import StepTime, step_flops, step_time
 
@@ -91,7 +91,11 @@ class TrainingPlans(NamedTuple):
     plans: list
     overflows: list
     considered: int
-    refused: dict = {}  # configurations labkit does not run, counted by the reason (labkit.parallel.compose)
+    refused: dict = {}  # configurations labkit does not run, by labkit.parallel.compose's key
+
+    def refused_reasons(self) -> dict:
+        """``refused`` with each key's reason in words, most configurations first."""
+        return {refusal_text(k): n for k, n in sorted(self.refused.items(), key=lambda kv: (-kv[1], kv[0]))}
 
     def to_dict(self) -> dict:
         return {"plans": [p.to_dict() for p in self.plans], "overflows": [o.to_dict() for o in self.overflows],
@@ -101,7 +105,7 @@ class TrainingPlans(NamedTuple):
         """Why nothing fits: each layout's overflow, the closest first."""
         if not self.overflows:
             if self.refused:
-                return "labkit does not run " + "; nor ".join(sorted(self.refused))
+                return "labkit does not run " + "; nor ".join(self.refused_reasons()) + " yet"
             return "no (t, cp, p, N_d, b) splits the GPUs and the global batch"
         worst = sorted(self.overflows, key=lambda o: o.leanest.memory.total)
         return "; ".join(f"t={o.tp_size}{f' cp={o.cp_size}' if o.cp_size > 1 else ''} p={o.pp_size} "
@@ -157,8 +161,9 @@ def _peak_dtype(g, precision: str) -> str:
     if half in ("bf16", "fp16"):
         if half not in g.peak:
             valid = [p for p in PRECISIONS if p[:4] not in ("bf16", "fp16") or p[:4] in g.peak]
-            raise ValueError(f"precision={precision!r} computes in {half}, which {g.name} has no peak for "
-                             f"(no {half} tensor cores); valid on {g.name}: {', '.join(valid)}")
+            raise ArgumentError(f"precision={precision!r} computes in {half}, which {g.name} has no peak for "
+                                f"(no {half} tensor cores); valid on {g.name}: {', '.join(valid)}", "no_peak",
+                                precision=precision, half=half, gpu=g.name, valid=valid)
         return half
     return "bf16" if "bf16" in g.peak else "fp16"
 
@@ -271,7 +276,8 @@ def _layout_plans(ctx, t, cp, p, dp, refused, *, micro_batches, interleave, zero
                                           recompute=rc, sequence_parallel=sp, zero_stage=z, offload=off)
                 why = runnable_reason(run)
                 if why and not ctx["unrunnable"]:
-                    refused[why] = refused.get(why, 0) + 1
+                    key = refusal_key(why)
+                    refused[key] = refused.get(key, 0) + 1
                     continue
                 yield _size(ctx, run)
 

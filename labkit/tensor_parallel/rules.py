@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from ..validate import check_int
+from ..validate import ArgumentError, check_int
 
 __all__ = ["check_sequence_parallel"]
 
@@ -20,8 +20,10 @@ def check_sequence_parallel(sequence_parallel: bool, tp_size: int, seq_len: int)
     check_int("tp_size", tp_size, 1)
     check_int("seq_len", seq_len, 1)
     if sequence_parallel and tp_size == 1:
-        raise ValueError("sequence_parallel=True needs tp_size > 1 (it splits the sequence over the tensor group)")
+        raise ArgumentError("sequence_parallel=True needs tp_size > 1 (it splits the sequence over the tensor "
+                            "group)", "sp_tp")
     if sequence_parallel and seq_len % tp_size:
-        raise ValueError(f"sequence length {seq_len} must be divisible by tp_size={tp_size} under sequence "
-                         "parallelism: each rank holds seq_len / tp_size positions")
+        raise ArgumentError(f"sequence length {seq_len} must be divisible by tp_size={tp_size} under sequence "
+                            "parallelism: each rank holds seq_len / tp_size positions", "sp_seq",
+                            seq_len=seq_len, tp_size=tp_size)
     return sequence_parallel

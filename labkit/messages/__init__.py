@@ -1,0 +1,169 @@
+"""What the book's calculators and the exercise grader say, in each edition's language.
+
+One table of strings per language (``CATALOGUES["en"]``, ``CATALOGUES["zh_CN"]``: ``en.py`` and
+``zh_cn.py`` beside this file), keyed by a
+*kind* such as ``"plan.overflow"``; :func:`render` fills a kind's template with structured
+fields (numbers, names, terms), so no English sentence is parsed or pasted into a Chinese one:
+
+    >>> render("plan.overflow", "zh_CN", term="activations", bytes_so_far=91.2e9, limit_bytes=77.3e9)
+    '激活值：累计 91.2 GB，超过上限 77.3 GB'
+
+A field is written ``{name}``, or ``{name:spec}`` where ``spec`` is Python's format spec or one of
+this module's: ``.1GB`` (bytes as GB, 1 decimal), ``term`` (the field is a kind's suffix, e.g.
+``term.activations``, rendered in the same language), ``list`` (items joined by the language's
+list separator; a shape feature by its ``feature.`` text), ``opt.precision`` and
+``opts.precision`` (an option's text, or a list of them), ``q`` (quoted the language's way),
+``arg`` (an argument's name, after its form label), ``val`` and ``vals`` (the value or values of
+the argument the field ``name`` names, as its options read). The Chinese strings use the glossary's terms
+(locales/zh_CN/GLOSSARY.md; tests/test_i18n.py checks them). Standard library only: the
+calculators run it in the page (Brython). The command line stays English and does not use it.
+
+:func:`error_message` renders an exception labkit raised: an :class:`labkit.validate.ArgumentError`
+carries ``kind`` and ``fields`` (``ArgumentError(..., kind="context_len", context_len=8192,
+seq_len=4096)``); any other error is rendered as ``"error.other"`` around its own text.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .en import CATALOGUE as _EN
+from .zh_cn import CATALOGUE as _ZH
+
+__all__ = ["CATALOGUES", "LANGUAGES", "language", "known", "render", "pieces", "error_message",
+           "training_reason", "serving_reason"]
+
+LANGUAGES = ("en", "zh_CN")
+
+CATALOGUES = {"en": _EN, "zh_CN": _ZH}
+
+_FIELD = re.compile(r"\{(\w*)(![rs])?(?::([^{}]*))?\}")
+
+
+def language(lang) -> str:
+    """The catalogue for ``lang``: "en", "zh_CN"; "zh", "zh-CN", "zh-Hans" and "en-US" are read
+    as their catalogue; anything else is a ValueError naming ``lang``."""
+    if not isinstance(lang, str):
+        raise ValueError(f"lang={lang!r} must be a language code, one of {list(LANGUAGES)}")
+    code = lang.replace("-", "_")
+    if code in CATALOGUES:
+        return code
+    base = code.split("_")[0].lower()
+    for name in LANGUAGES:
+        if name.split("_")[0] == base:
+            return name
+    raise ValueError(f"lang={lang!r} has no catalogue; valid: {list(LANGUAGES)} (or zh, zh-CN)")
+
+
+def known(kind: str) -> bool:
+    """Whether the catalogues have ``kind``."""
+    return kind in _EN
+
+
+def _template(kind, lang) -> str:
+    if not isinstance(kind, str) or kind not in _EN:
+        raise ValueError(f"kind={kind!r} is not in the catalogue (labkit.messages)")
+    return CATALOGUES[language(lang)].get(kind, _EN[kind])
+
+
+def _option_text(name, value, lang) -> str:
+    """A value as the reader chose it: its option's text where the catalogue has one, else the
+    value quoted (a number as it is)."""
+    kind = f"option.{name}.{value}"
+    if kind in _EN:
+        return render(kind, lang)
+    return str(value) if isinstance(value, (int, float)) else _template("quote", lang).format(value)
+
+
+def _format(value, conversion, spec, lang, fields) -> str:
+    spec = spec or ""
+    if spec == "arg":  # an argument's name: its field's label where the form has one, then the name
+        label = "label." + str(value)
+        return f"{render(label, lang)}（{value}）" if label in _EN and render(label, lang) != value else str(value)
+    if spec in ("val", "vals"):  # the value(s) of the argument named by the field "name"
+        texts = [_option_text(fields.get("name"), v, lang) for v in (value if spec == "vals" else [value])]
+        return _template("list.separator", lang).join(texts)
+    if spec == "term":
+        return render("term." + value, lang) if "term." + value in _EN else str(value)
+    if spec == "list":
+        return _template("list.separator", lang).join(
+            render("feature." + v, lang) if isinstance(v, str) and "feature." + v in _EN else str(v)
+            for v in value)
+    if spec.startswith("opt.") or spec.startswith("opts."):  # an option's text, or a list of them
+        prefix = "option." + spec.split(".", 1)[1] + "."
+        texts = [render(prefix + v, lang) if prefix + v in _EN else str(v)
+                 for v in (value if spec.startswith("opts.") else [value])]
+        return _template("list.separator", lang).join(texts)
+    if spec == "q":
+        return _template("quote", lang).format(value)
+    if conversion == "!r":
+        value = repr(value)
+    elif conversion == "!s":
+        value = str(value)
+    if spec and spec.endswith("GB"):
+        return format(value / 1e9, spec[:-2] + "f") + " GB"
+    return format(value, spec or "")
+
+
+def pieces(kind: str, lang: str = "en", **fields) -> list:
+    """``kind`` in ``lang`` as a list of (text, field name or None): the calculators wrap each
+    field's text in an element that carries its exact value."""
+    template, out, at = _template(kind, lang), [], 0
+    for m in _FIELD.finditer(template):
+        name, conversion, spec = m.group(1), m.group(2), m.group(3)
+        if name not in fields:
+            raise ValueError(f"{kind}: field {name!r} missing; given {sorted(fields)}")
+        if m.start() > at:
+            out.append((template[at:m.start()], None))
+        out.append((_format(fields[name], conversion, spec, lang, fields), name))
+        at = m.end()
+    if at < len(template):
+        out.append((template[at:], None))
+    return out
+
+
+def render(kind: str, lang: str = "en", **fields) -> str:
+    """``kind``'s template in ``lang`` (a ValueError names an unknown kind or language, or a field
+    the template needs and ``fields`` lacks)."""
+    return "".join(text for text, _ in pieces(kind, lang, **fields))
+
+
+def error_message(error: BaseException, lang: str = "en") -> str:
+    """What to show for ``error``: its structured kind rendered in ``lang`` when it has one
+    (``labkit.validate.ArgumentError``), else ``"error.other"`` around its text."""
+    kind = getattr(error, "kind", None)
+    if kind and "error." + kind in _EN:
+        try:
+            return render("error." + kind, lang, **getattr(error, "fields", {}))
+        except (ValueError, KeyError, TypeError):
+            pass  # fields that do not match the template: say it as raised
+    return render("error.other", lang, detail=str(error))
+
+
+def training_reason(overflows, lang: str = "en", refused=None) -> str:
+    """Why no training plan fits, from ``TrainingPlans.overflows`` (``labkit.plan.Overflow``:
+    each layout's leanest configuration and the term that passed the limit), the closest first,
+    and ``TrainingPlans.refused`` (what labkit does not run, by reason) when nothing was sized;
+    in English, the text of ``TrainingPlans.reason()``."""
+    if not overflows and refused:  # {labkit.parallel.compose's key: configurations}
+        what = [render(f"refused.{key}", lang) for key in sorted(refused)]
+        return render("plan.refused", lang, what=render("plan.refused_separator", lang).join(what))
+    if not overflows:
+        return render("plan.no_layout", lang)
+    lines = []
+    for o in sorted(overflows, key=lambda o: o.leanest.memory.total):
+        cp = render("plan.layout_cp", lang, cp_size=o.cp_size) if o.cp_size > 1 else ""
+        why = render("plan.overflow", lang, term=o.term, bytes_so_far=o.bytes_so_far,
+                     limit_bytes=o.limit_bytes)
+        lines.append(render("plan.layout", lang, tp_size=o.tp_size, cp=cp, pp_size=o.pp_size,
+                            dp_size=o.dp_size, why=why))
+    return render("plan.separator", lang).join(lines)
+
+
+def serving_reason(refused, lang: str = "en") -> str:
+    """Why each refused tensor-parallel degree serves nothing, from ``ServingPlans.refused``; in
+    English, the text of ``ServingPlans.reason()``."""
+    return render("plan.separator", lang).join(
+        render("serve.no_block", lang, tp_size=p.tp_size) if p.bound == "weights"
+        else render("serve.too_few_blocks", lang, tp_size=p.tp_size, num_blocks=p.num_blocks)
+        for p in refused)

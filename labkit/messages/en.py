@@ -1,0 +1,133 @@
+"""The English catalogue of :mod:`labkit.messages`: every kind, its template."""
+
+__all__ = ["CATALOGUE"]
+
+CATALOGUE = {
+    # The calculators' form: field labels
+    "label.preset": "preset", "label.n_layer": "layers", "label.d_model": "d_model",
+    "label.n_head": "heads", "label.n_kv_head": "KV heads", "label.d_ff": "d_ff",
+    "label.vocab_size": "vocab", "label.gpu": "GPU", "label.seq_len": "sequence length",
+    "label.micro_batch": "micro-batch", "label.dp_size": "data-parallel GPUs N_d",
+    "label.tp_size": "tensor-parallel t", "label.pp_size": "pipeline stages p",
+    "label.zero_stage": "ZeRO stage", "label.recompute": "recomputation",
+    "label.sequence_parallel": "sequence parallelism", "label.precision": "precision",
+    "label.optimizer": "optimizer", "label.weight_bytes": "bytes per weight",
+    "label.kv_bytes": "bytes per KV element", "label.context_len": "context length",
+    "label.gpu_memory_utilization": "memory utilisation", "label.num_gpus": "GPUs",
+    "label.gpus_per_node": "GPUs per node", "label.global_batch": "global batch",
+    "label.micro_batches": "micro-batches b tried", "label.interleave": "interleave v tried",
+    # option values (the value sent is the code's; this is what the reader sees)
+    "option.recompute.none": "none", "option.recompute.selective": "selective",
+    "option.recompute.full": "full", "option.sequence_parallel.off": "off",
+    "option.sequence_parallel.on": "on",
+    "option.precision.bf16-mixed": "bf16 mixed", "option.precision.fp16-mixed": "fp16 mixed",
+    "option.precision.bf16-mixed-fp32-grads": "bf16 mixed, fp32 gradients",
+    "option.precision.bf16": "bf16", "option.precision.fp32": "fp32",
+    "option.optimizer.adamw": "AdamW", "option.optimizer.adam": "Adam",
+    "option.optimizer.sgd_momentum": "SGD with momentum", "option.optimizer.sgd": "SGD",
+    # the memory terms (bars, tables, the planner's overflows)
+    "term.params": "parameters", "term.grads": "gradients", "term.optimizer": "optimizer states",
+    "term.activations": "activations", "term.transient": "transient peaks",
+    "term.weights": "weights", "term.activation_peak": "forward peak",
+    "term.non_torch": "non-PyTorch", "term.kv_cache": "KV cache", "term.total": "total per GPU",
+    # the plans table's column heads
+    "column.tp_size": "t", "column.pp_size": "p", "column.v": "v", "column.dp_size": "N_d",
+    "column.cp_size": "cp", "column.zero_stage": "ZeRO", "column.recompute": "recompute",
+    "column.sequence_parallel": "SP", "column.micro_batch": "b", "column.num_microbatches": "m",
+    "column.step_time_s": "step", "column.mfu": "MFU", "column.total": "memory",
+    # units and values
+    "unit.gb": "{value:.2f} GB", "unit.seconds": "{value:.2f} s", "unit.percent": "{value:.1f}%",
+    "value.on": "on", "value.off": "off", "zero_stage": "ZeRO-{stage}",
+    # what the calculators say
+    "calc.gpu_memory": "GPU memory", "calc.fits_in": "fits in {capacity:.2GB}",
+    "calc.does_not_fit": "does not fit: {total:.2GB} of {capacity:.2GB}",
+    "calc.kv_blocks": "KV blocks", "calc.tokens_cached": "tokens cached",
+    "calc.requests_of": "requests of {n} tokens", "calc.serves": "fits",
+    "calc.serves_none": "does not fit: no request of this length fits",
+    "calc.sized": "{considered} configurations sized, {fitting} fit.",
+    "calc.nothing_fits": "Nothing fits: {reason}",
+    "calc.best_memory": "The fastest plan's memory per GPU (limit {limit:.2GB}):",
+    "calc.progress": "computing: {done} of {total} layouts sized",
+    "calc.could_not_start": "The calculator could not start: {error}",
+    # the planner's reasons (labkit.plan: TrainingPlans.overflows, ServingPlans.refused)
+    "plan.overflow": "{term}: {bytes_so_far:.1GB} of {limit_bytes:.1GB}",
+    "plan.layout": "t={tp_size}{cp} p={pp_size} N_d={dp_size}: {why}",
+    "plan.layout_cp": " cp={cp_size}", "plan.separator": "; ", "plan.colon": ": ",
+    "plan.refused": "labkit does not run {what} yet", "plan.refused_separator": "; nor ",
+    "refused.cp_pp": 'context parallelism with the pipeline (cp_size > 1 and pp_size > 1)',
+    "refused.cp_sp": 'context parallelism with sequence parallelism (cp_size > 1 and sequence_parallel)',
+    "refused.cp_zero": 'context parallelism with ZeRO-2/3 (cp_size > 1 and zero_stage >= 2)',
+    "refused.cp_recompute": "context parallelism with recomputation (cp_size > 1 and recompute != 'none')",
+    "refused.zero3_recompute": "ZeRO-3 with recomputation (the recomputed forward would gather each unit outside ZeRO-3's forward)",
+    "refused.offload_stage": "ZeRO-Offload at a stage other than 2 (labkit.zero.OffloadOptimizer is ZeRO-2's)",
+    "refused.offload_composed": 'ZeRO-Offload with tensor, pipeline or context parallelism (labkit.zero.OffloadOptimizer runs over data parallelism alone)',
+    "refused.offload_params": "ZeRO-3's parameter offload (offload_params)",
+    "refused.reshard": 'ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)',
+    "refused.ep_composed": 'expert parallelism beyond data parallelism and ZeRO-1 (ep_size > 1 with tp, pp or cp > 1, ZeRO-2/3, recomputation or sequence parallelism)',
+    "plan.no_layout": "no (t, cp, p, N_d, b) splits the GPUs and the global batch",
+    "serve.no_block": "t={tp_size}: the weights leave no room for a KV block",
+    "serve.too_few_blocks": "t={tp_size}: {num_blocks} blocks, fewer than one request needs",
+    # refusals (ArgumentError.kind; fields as raised)
+    "error.int": "{name}={value!r} must be an int >= {minimum}",
+    "error.int_range": "{name}={value!r} must be an int in [{minimum}, {maximum}]",
+    "error.choice": "{name}={value!r} is unknown; valid choices: {choices!r}",
+    "error.bool": "{name}={value!r} must be True or False",
+    "error.float": "{name}={value!r} must be a finite number in {interval}",
+    "error.gpu": "gpu={gpu!r} is not in the table; valid: {valid!r}",
+    "error.context_len": "context_len={context_len} must be at most the model's seq_len={seq_len}",
+    "error.pp_size": "pp_size={pp_size} must be at most n_layer={n_layer} (a stage holds a layer or more)",
+    "error.tp_divides": ("tp_size={tp_size} must divide {name}={value} (each rank holds whole heads "
+                         "and an equal share of d_ff); valid tp_size: {valid!r}"),
+    "error.serving_tp": ("tp_size={tp_size} must divide n_head={n_head}, and divide or be a multiple "
+                         "of n_kv_head={n_kv_head}"),
+    "error.head_divides": "n_head={n_head} must divide d_model={d_model} (or give d_head)",
+    "error.kv_divides": "n_kv_head={n_kv_head} must divide n_head={n_head}",
+    "error.mla_heads": ("MLA (kv_lora_rank > 0) has no d_head or n_kv_head: its head sizes are the qk_* "
+                        "and v_head_dim fields, and every head reads the one compressed cache"),
+    "error.seq_cp": ("seq_len={seq_len} must be divisible by cp_size={cp_size} (x tp_size={tp_size} "
+                     "with sequence parallelism): each rank holds an equal share of the positions"),
+    "error.interleave": ("v={v} chunks a rank need pp_size > 1 (got {pp_size}), v x pp_size at most "
+                         "n_layer={n_layer} and pp_size dividing num_microbatches={num_microbatches}"),
+    "error.interleave_schedule": "v={v} chunks a rank need schedule='interleaved' (and v > 1); got {schedule!r}",
+    "error.cp_chunks": ("{name}={seq_len} must be divisible by {chunks} for cp_size={cp_size} (pad the "
+                        "sequence, or pick another cp_size)"),
+    "error.sp_tp": "sequence_parallel=True needs tp_size > 1 (it splits the sequence over the tensor group)",
+    "error.sp_seq": ("sequence length {seq_len} must be divisible by tp_size={tp_size} under sequence "
+                     "parallelism: each rank holds seq_len / tp_size positions"),
+    "error.seq_len_max": "seq_len={seq_len} must be at most the model's seq_len={max_len} (its max_position_embeddings)",
+    "error.untrainable": "training estimates do not model {missing:list} yet",
+    "error.windows": ("{unmodelled:list}: the serving estimate caps every layer's cache at one "
+                      "window; windows that differ by layer are not modelled yet"),
+    "error.no_peak": ("precision={precision!r} computes in {half}, which {gpu} has no peak for "
+                      "(no {half} tensor cores); valid on {gpu}: {valid:list}"),
+    "error.other": "{detail}",
+    "error.not_a_number": "{name}: {text:q} is not a number",
+    "feature.experts": "experts", "feature.MLA": "MLA", "feature.head size": "head size",
+    "feature.q/k/v biases": "q/k/v biases", "feature.output bias": "output bias",
+    "feature.qk-norm": "qk-norm", "feature.feed-forward norms": "feed-forward norms",
+    "feature.attention sinks": "attention sinks", "feature.GeGLU": "GeGLU",
+    "feature.per-layer windows": "per-layer windows", "feature.chunked attention": "chunked attention",
+    "list.separator": ", ", "quote": "'{}'",
+    # the exercise grader (scripts/exercises.py grade)
+    "grade.case.public": "public test {n}{rule}: {shown}{why}",
+    "grade.case.hidden": "hidden test {n}{rule}: {why}",
+    "grade.rule": " [{rule}]",
+    "grade.differs": "the output differs from the expected one",
+    "grade.expected_got": "{call}: expected {expected}, got {got}",
+    "grade.expected_got_bare": "expected {expected}, got {got}",
+    "grade.raised": "{error}",
+    "grade.time_limit": ("{question} ran past its time limit of {seconds:g} s of processor time "
+                         "(does a function it calls loop forever?)"),
+    "grade.not_answered": "not answered yet (its answer cell is as handed out)",
+    "grade.see_syntax_error": "{why} (its answer cell has a syntax error: see the note)",
+    "grade.cell_interrupted": ("its answer cell was interrupted after {seconds:g} s (--cell-timeout) "
+                               "and did not finish; the tests ran without the rest of it"),
+    "grade.cell_syntax_error": "its answer cell has a syntax error, so none of it ran: SyntaxError: {detail}",
+    "grade.cell_raised": ("its answer cell raised {error}: {detail}; the tests ran on what it had "
+                          "defined before that"),
+    "grade.header": "Grading {submission} against {chapter} (timeout {timeout:g} s)",
+    "grade.timed_out": ("TIMED OUT after {timeout:g} s: the notebook did not finish (an infinite "
+                        "loop, or a machine too busy to finish in time: --timeout SECONDS allows "
+                        "longer); every question scores 0."),
+    "grade.note": "note: {notice}", "grade.total": "total",
+}

@@ -1,0 +1,172 @@
+"""labkit.messages: what the calculators and the grader say, rendered per language from data.
+
+English renders as labkit's own messages read (the planner's reason(), the refusals' text); the
+Chinese catalogue has every kind, with the same fields, in the glossary's terms and without an
+English word outside its kept list; each refusal a calculator can meet carries its kind.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+from test_i18n import english_words, i18n, kept_latin
+
+from labkit.estimate import check_context_len, serving_memory, training_memory
+from labkit.hardware import get_gpu
+from labkit.messages import CATALOGUES, error_message, language, pieces, render, serving_reason, training_reason
+from labkit.plan import plan_serving, plan_training
+from labkit.shapes import PRESETS, ModelShape
+from labkit.validate import ArgumentError, check_bool, check_choice, check_float, check_int
+
+EN, ZH = CATALOGUES["en"], CATALOGUES["zh_CN"]
+FIELD = re.compile(r"\{(\w*)(?:![rs])?(?::[^{}]*)?\}")
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def test_every_kind_in_chinese_with_the_same_fields():
+    assert set(ZH) == set(EN), f"zh lacks {sorted(set(EN) - set(ZH))}, has extra {sorted(set(ZH) - set(EN))}"
+    for kind, text in EN.items():
+        assert set(FIELD.findall(ZH[kind])) == set(FIELD.findall(text)), kind
+
+
+def test_chinese_catalogue_keeps_the_glossary():
+    """No forbidden variant and no English word outside the kept list in a Chinese string (its
+    fields and the command-line flags it quotes left out)."""
+    kept = kept_latin()
+    for kind, text in ZH.items():
+        prose = re.sub(r"--[\w-]+(?: SECONDS)?|SyntaxError", " ", FIELD.sub(" N ", text))
+        assert not i18n.forbidden_in(prose), (kind, text, i18n.forbidden_in(prose))
+        assert not english_words(prose, kept), (kind, text, english_words(prose, kept))
+
+
+def test_planted_english_and_forbidden_terms_are_found():
+    """The two checks above fail on a planted word: they can fail."""
+    assert english_words("放不下：does not fit", kept_latin()) == ["does", "not", "fit"]
+    assert i18n.forbidden_in("每个 GPU 的内存")
+
+
+def test_render_fills_fields_per_language():
+    fields = dict(term="activations", bytes_so_far=91.2e9, limit_bytes=77.3e9)
+    assert render("plan.overflow", "en", **fields) == "activations: 91.2 GB of 77.3 GB"
+    assert render("plan.overflow", "zh_CN", **fields) == "激活值：累计 91.2 GB，超过上限 77.3 GB"
+    assert render("plan.overflow", "zh-CN", **fields) == render("plan.overflow", "zh", **fields)
+    assert [name for _, name in pieces("calc.sized", "zh_CN", considered=3, fitting=0)] == \
+        [None, "considered", None, "fitting", None]
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: render("no.such.kind", "en"), "kind"),
+    (lambda: render("plan.overflow", "fr"), "lang"),
+    (lambda: render("plan.overflow", None, term="x", bytes_so_far=1, limit_bytes=1), "lang"),
+    (lambda: render("plan.overflow", "en", term="activations"), "bytes_so_far"),
+])
+def test_bad_input_names_the_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_language_codes():
+    assert [language(x) for x in ("en", "en-US", "zh", "zh_CN", "zh-CN", "zh-Hans")] == \
+        ["en", "en", "zh_CN", "zh_CN", "zh_CN", "zh_CN"]
+
+
+def test_training_reason_is_the_planners_in_english():
+    found = plan_training("llama-2-13b", gpu="l4", num_gpus=8, seq_len=2048, global_batch=16,
+                          micro_batches=(1,), interleave=(1,))
+    assert not found.plans and found.overflows
+    assert training_reason(found.overflows, "en") == found.reason()
+    zh = training_reason(found.overflows, "zh_CN")
+    assert zh.count("；") == len(found.overflows) - 1 and "超过上限" in zh
+    assert not english_words(zh, kept_latin()), zh
+    assert training_reason([], "en") == found._replace(overflows=[], refused={}).reason()
+    # nothing sized: what labkit does not run, by labkit.parallel.compose's keys, in either language
+    refused = {"cp_pp": 3, "zero3_recompute": 1}
+    assert training_reason([], "en", refused) == found._replace(overflows=[], refused=refused).reason()
+    zh = training_reason([], "zh_CN", refused)
+    assert "上下文并行与流水线并行" in zh and not english_words(zh, kept_latin()), zh
+
+
+def test_serving_reason_is_the_planners_in_english():
+    found = plan_serving("llama-2-70b", gpu="l4", num_gpus=4, context_len=4096)
+    assert found.refused
+    assert serving_reason(found.refused, "en") == found.reason()
+    assert CJK.search(serving_reason(found.refused, "zh_CN"))
+
+
+# Each refusal a calculator can meet, with the kind it carries.
+REFUSALS = [
+    (lambda: check_int("seq_len", 0, 1), "int"),
+    (lambda: check_int("pp_size", 5, 1, 4), "int_range"),
+    (lambda: check_choice("recompute", "some", ("none", "full")), "choice"),
+    (lambda: check_bool("sequence_parallel", "no"), "bool"),
+    (lambda: check_float("gpu_memory_utilization", 1.5, above=0.0, maximum=1.0), "float"),
+    (lambda: get_gpu("v100"), "gpu"),
+    (lambda: check_context_len("llama-2-7b", 8192), "context_len"),
+    (lambda: ModelShape(n_layer=2, d_model=10, n_head=3, vocab_size=10, seq_len=8), "head_divides"),
+    (lambda: ModelShape(n_layer=2, d_model=12, n_head=4, n_kv_head=3, vocab_size=10, seq_len=8),
+     "kv_divides"),
+    (lambda: PRESETS["llama-2-13b"].check_tp_size(3), "tp_divides"),
+    (lambda: serving_memory("llama-3-8b", gpu="a100", tp_size=3), "serving_tp"),
+    (lambda: training_memory("mixtral-8x7b", seq_len=128, micro_batch=1), "untrainable"),
+    (lambda: plan_training("gpt2-small", gpu="t4", num_gpus=1, seq_len=1024, global_batch=8), "no_peak"),
+]
+
+
+@pytest.mark.parametrize("call, kind", REFUSALS, ids=[k for _, k in REFUSALS])
+def test_each_refusal_carries_its_kind_and_renders_in_chinese(call, kind):
+    with pytest.raises(ValueError) as info:
+        call()
+    error = info.value
+    assert isinstance(error, ArgumentError) and error.kind == kind, (type(error), getattr(error, "kind", None))
+    english = error_message(error, "en")
+    if kind not in ("untrainable",):  # the catalogue's English is the message raised
+        assert english == str(error)
+    zh = error_message(error, "zh_CN")
+    assert CJK.search(zh) and zh != english, zh
+    assert not english_words(zh, kept_latin()), zh
+    assert pickle.loads(pickle.dumps(error)).args == error.args
+
+
+def test_an_error_without_a_kind_is_still_shown():
+    assert error_message(ValueError("plain"), "en") == "plain"
+    assert error_message(ValueError("plain"), "zh_CN") == "labkit 拒绝了这组输入：plain"
+
+
+def _calculator_calls(shape, gpu):
+    """What the calculators call for a shape on a GPU (the planner's checks only: stepwise)."""
+    yield lambda: training_memory(shape, seq_len=min(shape.seq_len, 2048), micro_batch=1)
+    yield lambda: (check_context_len(shape, min(shape.seq_len, 4096)),
+                   serving_memory(shape, gpu=gpu, tp_size=1))
+    yield lambda: plan_training(shape, gpu=gpu, num_gpus=8, seq_len=min(shape.seq_len, 2048),
+                                global_batch=64, stepwise=True)
+
+
+def test_every_refusal_a_calculator_meets_has_a_kind():
+    """Every preset on every GPU in each calculator's call, and each shape field typed wrong: what
+    labkit refuses carries a kind the catalogues render (no English "error.other" in Chinese)."""
+    from dataclasses import replace
+
+    from labkit.hardware import GPUS
+
+    refused, typed = set(), {"n_layer": 0, "d_model": 7, "n_head": 5, "n_kv_head": 3, "d_ff": -1,
+                             "vocab_size": 0}
+    shapes = [PRESETS[name] for name in PRESETS]
+    for name in ("llama-2-7b", "deepseek-v3", "gpt2-small"):
+        for field, value in typed.items():
+            try:
+                shapes.append(replace(PRESETS[name], **{field: value}))
+            except ValueError as e:
+                assert getattr(e, "kind", None) and "error." + e.kind in EN, (name, field, e)
+                refused.add(e.kind)
+    for shape in shapes:
+        for gpu in GPUS:
+            for call in _calculator_calls(shape, gpu):
+                try:
+                    call()
+                except ValueError as e:
+                    assert getattr(e, "kind", None) and "error." + e.kind in EN, (shape, gpu, e)
+                    assert not english_words(error_message(e, "zh_CN"), kept_latin()), e
+                    refused.add(e.kind)
+    assert {"untrainable", "no_peak", "head_divides", "kv_divides", "mla_heads", "int", "windows"} <= refused, refused
