@@ -8,9 +8,9 @@ locales/zh_CN/LC_MESSAGES/labs/NN_name.po: the catalogue the Chinese edition's l
 from (Sphinx's gettext messages, one per paragraph, its line breaks joined). A message with no
 translation stays English and is listed. Relative links gain a ../ (the notebook is one folder
 down) and the exercises' Colab links open the Chinese exercise notebooks (exercises/student/zh/).
-The code, its comments and what it prints stay English. Re-run it after a lab is re-run or its catalogue changes:
-tests/test_i18n.py checks that each Chinese lab is what this writes. The Chinese edition's lab
-pages link to these notebooks (Colab, download: _ext/i18n_edition.py).
+The code, its comments and what it prints stay English. Re-run it after a lab is re-run or its
+catalogue changes: tests/test_i18n.py checks that each Chinese lab is what this writes. The
+Chinese edition's lab pages link to these notebooks (Colab, download: _ext/chinese_labs.py).
 """
 
 from __future__ import annotations
