@@ -2,7 +2,8 @@
 
 A sequence of s tokens is cut into cp chunks (``"contiguous"``: rank i holds chunk i) or 2 cp
 chunks (``"zigzag"``: rank i holds chunks i and 2cp - 1 - i, so that causal work is equal on
-every rank; Brandon et al. 2023's striping, Llama 3's and Megatron-Core's layout). In ring
+every rank; Llama 3's and Megatron-Core's layout, not Brandon et al. 2023's striping, which deals
+tokens round-robin). In ring
 attention (Liu et al. 2023) each rank sends its keys and values cp - 1 times in forward. Torch-free:
 the estimator and the planner call these.
 """

@@ -4,7 +4,7 @@ One axis order for all of labkit, outermost to innermost: ``("dp", "pp", "cp", "
 parallelism is innermost (consecutive ranks, inside a node: it all-reduces activations in the
 critical path), context parallelism next to it (it exchanges keys and values every layer), the
 pipeline next (point to point, one activation per micro-batch per stage boundary) and data
-parallelism outermost (one gradient reduction per step, overlapped with the backward). This is the
+parallelism outermost (a gradient reduction a step, or ZeRO-2/3's per micro-batch). This is the
 grid Chapter 6 draws, a ``DeviceMesh`` of shape (N_d, p, c, t): a replica's pipeline is one block
 of ``t c p`` consecutive ranks.
 
