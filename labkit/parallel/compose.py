@@ -15,16 +15,6 @@ __all__ = ["NOT_COMPOSED", "runnable_reason", "check_runnable"]
 # (a test on a RunConfig, why labkit does not run it). Each entry is a combination the mechanisms
 # refuse today; removing one is done by making parallelize_gpt run it and the estimate grid measure it.
 NOT_COMPOSED = (
-    (lambda r: r.cp_size > 1 and r.pp_size > 1,
-     "context parallelism with the pipeline (cp_size > 1 and pp_size > 1)"),
-    (lambda r: r.cp_size > 1 and r.sequence_parallel,
-     "context parallelism with sequence parallelism (cp_size > 1 and sequence_parallel)"),
-    (lambda r: r.cp_size > 1 and r.zero_stage >= 2,
-     "context parallelism with ZeRO-2/3 (cp_size > 1 and zero_stage >= 2)"),
-    (lambda r: r.cp_size > 1 and r.recompute != "none",
-     "context parallelism with recomputation (cp_size > 1 and recompute != 'none')"),
-    (lambda r: r.zero_stage == 3 and r.recompute != "none",
-     "ZeRO-3 with recomputation (the recomputed forward would gather each unit outside ZeRO-3's forward)"),
     (lambda r: r.offload and r.zero_stage != 2,
      "ZeRO-Offload at a stage other than 2 (labkit.zero.OffloadOptimizer is ZeRO-2's)"),
     (lambda r: r.offload and r.tp_size * r.pp_size * r.cp_size > 1,

@@ -12,6 +12,8 @@ parameter is a handle, and unpacking it gathers the unit again.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -55,6 +57,7 @@ class _Unit:
             self.slices.append(nn.Parameter(self.shard[lo:lo + b - a], requires_grad=p.requires_grad))
         self.requires_grad = any(p.requires_grad for p in params)
         self.full_bwd = None  # the parameters gathered again for backward
+        self.depth = 0  # how many enclosing calls have the parameters gathered on the modules
         self.pending = []  # (work, shard gradient, full gradient kept alive, used) per reduce-scatter
 
     def gather(self) -> torch.Tensor:
@@ -188,13 +191,20 @@ class FullyShardedModule(nn.Module):
                 del module_ref._parameters[attr]
                 module_ref.__dict__[attr] = None
         self._root = next((u for u in self._units if u.name == ""), None)
+        self._unit_of_module = self._hook_units(module)  # id(a unit's module) -> the unit
+        self.module = module
+        self.shards = nn.ParameterList(slices)
+
+    def _hook_units(self, module) -> dict:
+        """Gather each unit around its module's forward; {id(module): unit}."""
+        out = {}
         for unit in self._units:
             if unit.name:
                 mod = module.get_submodule(unit.name)
+                out[id(mod)] = unit
                 mod.register_forward_pre_hook(lambda m, args, unit=unit: self._enter(unit))
                 mod.register_forward_hook(lambda m, args, out, unit=unit: self._leave(unit))
-        self.module = module
-        self.shards = nn.ParameterList(slices)
+        return out
 
     # -- forward and backward ---------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -206,16 +216,57 @@ class FullyShardedModule(nn.Module):
                 self._enter(self._root)
             try:
                 return self.module(*args, **kwargs)
+            except BaseException:  # a unit whose forward raised never reached its release hook
+                self._release_all()
+                raise
             finally:
-                if self._root is not None:
+                if self._root is not None and self._root.depth:
                     self._leave(self._root)
 
+    def _release_all(self) -> None:
+        for unit in self._units:
+            if unit.depth:
+                unit.depth = 0
+                unit.post_forward()
+        self._live = {}
+
     def _enter(self, unit):
-        self._live[unit.pre_forward()] = unit
+        unit.depth += 1
+        if unit.depth == 1:  # an enclosing call (the unit's hook around a checkpoint) already gathered it
+            self._live[unit.pre_forward()] = unit
 
     def _leave(self, unit):
-        unit.post_forward()
-        self._live = {ptr: u for ptr, u in self._live.items() if u is not unit}
+        unit.depth -= 1
+        if unit.depth == 0:
+            unit.post_forward()
+            self._live = {ptr: u for ptr, u in self._live.items() if u is not unit}
+
+    def _unit(self, module):
+        unit = self._unit_of_module.get(id(module))
+        if unit is None:
+            raise ValueError(f"module ({type(module).__name__}) is not one of this FullyShardedModule's units")
+        return unit
+
+    @contextlib.contextmanager
+    def gathered(self, module):
+        """The unit ``module`` roots gathered onto its modules for the block (under grad mode
+        through the gather's autograd node: the gradients reduce-scatter to the shards), then freed.
+        A recomputed forward (activation checkpointing) runs the unit's class forward without its
+        hooks: it gathers the unit again so."""
+        unit = self._unit(module)
+        self._enter(unit)
+        try:
+            yield
+        finally:
+            self._leave(unit)
+
+    def is_unit(self, module) -> bool:
+        """Whether ``module`` roots one of this wrapper's units (not the root's)."""
+        return id(module) in self._unit_of_module
+
+    def unit_parameters(self, module) -> list:
+        """This rank's shard parameters of the unit ``module`` roots: the leaves its gradients reach."""
+        return list(self._unit(module).slices)
 
     def _pack(self, t):
         try:
