@@ -232,7 +232,7 @@ class FullyShardedModule(nn.Module):
 
     def _enter(self, unit):
         unit.depth += 1
-        if unit.depth == 1:  # an enclosing call (the unit's hook around a checkpoint) already gathered it
+        if unit.depth == 1:  # inside an enclosing call (its hook, around a checkpointed forward): gathered
             self._live[unit.pre_forward()] = unit
 
     def _leave(self, unit):
