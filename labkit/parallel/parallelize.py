@@ -39,8 +39,7 @@ from ..pipeline import SCHEDULES, build_chunks, check_same_model, make_schedule,
 from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
 from ..zero import FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer
-from ..tensor_parallel.rules import check_sequence_parallel
-from .compose import check_runnable, runnable_reason
+from .compose import check_combination, knobs_of_run
 from .config import RunConfig
 from .context import context_parallel_chunks, context_parallel_loss_fn
 from .dims import AXES, ParallelDims
@@ -58,35 +57,6 @@ def _check_mesh(dims, mesh) -> None:
     if names != AXES or shape != dims.sizes:
         raise ValueError(f"mesh has axes {names} of sizes {shape}; dims needs axes {AXES} of sizes "
                          f"{dims.sizes}: build it with dims.build_mesh(device_type)")
-
-
-def _check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v,
-                       seq_len: int) -> None:
-    """Refuse what the techniques cannot do together: :func:`labkit.parallel.compose.check_runnable`'s
-    table, the one list (the planner reads it too), and sequence parallelism's rule."""
-    check_sequence_parallel(sequence_parallel, dims.tp_size, seq_len // dims.cp_size)
-    run = RunConfig(dp_size=dims.dp_size, tp_size=dims.tp_size, pp_size=dims.pp_size, cp_size=dims.cp_size,
-                    zero_stage=zero_stage, sequence_parallel=sequence_parallel, num_microbatches=num_microbatches,
-                    recompute=checkpoint if checkpoint in ("none", "selective") else "full", v=v, schedule=schedule)
-    why = runnable_reason(run)
-    if why:
-        raise ValueError(f"{dims} with zero_stage={zero_stage}, sequence_parallel={sequence_parallel}, checkpoint="
-                         f"{checkpoint!r}: labkit does not run {why} yet; see labkit.parallel.compose.NOT_COMPOSED")
-
-
-def _from_run(run) -> tuple:
-    """(dims, parallelize_gpt's keywords) of a RunConfig; refuses what a model's run cannot take."""
-    check_runnable(run)
-    if run.offload:
-        raise ValueError("run.offload=True: ZeRO-Offload runs as labkit.zero.OffloadOptimizer over data "
-                         "parallelism, not inside parallelize_gpt")
-    for name, value, plain in (("precision", run.precision, "fp32"), ("attention", run.attention, "eager")):
-        if value != plain:
-            raise ValueError(f"run.{name}={value!r}: parallelize_gpt trains the model in the dtype it is given, "
-                             f"with labkit's own attention; pass a RunConfig with {name}={plain!r}")
-    checkpoint = {"none": "none", "selective": "selective", "full": "full"}[run.recompute]
-    return run.dims, dict(sequence_parallel=run.sequence_parallel, zero_stage=run.zero_stage, checkpoint=checkpoint,
-                          schedule=run.schedule, num_microbatches=run.num_microbatches, v=run.v)
 
 
 class ParallelModel:
@@ -273,7 +243,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     if isinstance(dims, RunConfig):
         if (sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v) != (False, 0, "none", "1f1b", 1, 1):
             raise TypeError("parallelize_gpt takes a RunConfig or keywords, not both")
-        dims, knobs = _from_run(dims)
+        dims, knobs = knobs_of_run(dims)
         return parallelize_gpt(model, dims, mesh, **knobs)
     check_bool("sequence_parallel", sequence_parallel)
     check_int("zero_stage", zero_stage, 0, 3)
@@ -282,7 +252,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     check_int("num_microbatches", num_microbatches, 1)
     check_int("v", v, 1)
     _check_mesh(dims, mesh)
-    _check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
+    check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
         raise ValueError(f"schedule={schedule!r}, v={v} need pp_size > 1; with one stage the m micro-batches "
                          "run one after another (gradient accumulation)")
