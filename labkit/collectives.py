@@ -192,10 +192,17 @@ class GradSumAfterBackward:
     def _summed(self, p: torch.Tensor) -> None:
         """Called once ``p.grad`` holds the sum; a technique may note it (sequence parallelism does)."""
 
+    def _added(self, i, p) -> torch.Tensor:
+        """What this pass added to ``p.grad``: another sum that ended first (sequence parallelism's
+        over "tp" before context parallelism's over "cp") is in it, so the two sums compose."""
+        if i in self._accumulated and p.grad is not None:
+            before = self._before.get(i)
+            return p.grad if before is None else p.grad - before
+        return self._local[i] if i in self._local else torch.zeros_like(p)
+
     @torch.no_grad()
     def _finish(self) -> None:
-        flat = torch.cat([self._local[i].reshape(-1) if i in self._local else torch.zeros_like(p).reshape(-1)
-                          for i, p in enumerate(self.params)])  # (n,): one size on every rank
+        flat = torch.cat([self._added(i, p).reshape(-1) for i, p in enumerate(self.params)])  # (n,): one size
         dist.all_reduce(flat, group=self.group)
         offset = 0
         for i, p in enumerate(self.params):

@@ -114,11 +114,11 @@ def measure_case(family, degrees, kwargs, global_batch=8, seed=0) -> dict:
     """One case on this rank (``kwargs``: parallelize_gpt's, and ``precision``, "fp32" or "bf16"):
     the meter's params, grads, optimizer (max over the step), the activations it kept, Adam's
     step counters, and the rank's pipeline stage."""
-    dp, tp, pp = degrees
     kwargs = dict(kwargs)
     dtype = DTYPES[kwargs.pop("precision", "fp32")]  # the model's and so AdamW's states' dtype
     cfg = GPTConfig(**FAMILIES[family])
-    dims = ParallelDims(dp_size=dp, tp_size=tp, pp_size=pp)
+    dims = ParallelDims(*degrees)  # (dp, tp, pp) or (dp, tp, pp, cp)
+    pp = dims.pp_size
     torch.manual_seed(seed)
     pm = parallelize_gpt(build_model(cfg, dtype=dtype), dims, dims.build_mesh("cpu"), **kwargs)
     opt = pm.build_optimizer(torch.optim.AdamW, lr=1e-3)
@@ -144,6 +144,6 @@ def measure_case(family, degrees, kwargs, global_batch=8, seed=0) -> dict:
 
 
 def grid_rank(rank, world_size, cases, global_batch=8, seed=0) -> list[dict]:
-    """Every case of ``cases`` ((family, (dp, tp, pp), parallelize_gpt's keywords)), in turn."""
+    """Every case of ``cases`` ((family, (dp, tp, pp[, cp]), parallelize_gpt's keywords)), in turn."""
     torch.set_num_threads(1)
     return [measure_case(family, degrees, kwargs, global_batch, seed) for family, degrees, kwargs in cases]

@@ -32,19 +32,20 @@ def _plain_loop(pm, cfg, global_batch, steps, seed, lr) -> list:
 
 def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
     """One case: the rank's trained values beside the one-process model's, sharded alike."""
-    (dp, tp, pp), kwargs = case
-    dims = ParallelDims(dp_size=dp, tp_size=tp, pp_size=pp)
+    degrees, kwargs = case  # (dp, tp, pp) or (dp, tp, pp, cp)
+    dims = ParallelDims(*degrees)
+    tp = dims.tp_size
     mesh = dims.build_mesh("cpu")
     torch.manual_seed(seed)
     pm = parallelize_gpt(build_model(cfg).double(), dims, mesh, **kwargs)
     losses = _plain_loop(pm, cfg, global_batch, steps, seed, lr)
     # the grid ParallelDims computes is the one torch's DeviceMesh built: coordinates and groups
     c = pm.coords
-    groups = {axis: dist.get_process_group_ranks(mesh.get_group(axis)) for axis in ("dp", "pp", "tp")}
+    groups = {axis: dist.get_process_group_ranks(mesh.get_group(axis)) for axis in ("dp", "pp", "cp", "tp")}
     along = {axis: [dims.rank_of(**{**c._asdict(), axis: i}) for i in range(getattr(dims, f"{axis}_size"))]
              for axis in groups}
     out = {"losses": losses, "coords": tuple(c), "mesh_coords": tuple(mesh.get_coordinate()),
-           "groups": groups, "groups_from_dims": along}
+           "groups": groups, "groups_from_dims": along, "replicas": dist.get_world_size(pm.group["replicas"])}
     for key, full in (("want", refs[1]), ("start", refs[2])):
         twin = copy.deepcopy(full)
         if tp > 1:
@@ -57,7 +58,7 @@ def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
 
 
 def parallelize_rank(rank, world_size, cases, cfg="tiny", global_batch=8, steps=3, seed=0, lr=0.1):
-    """Every case of ``cases`` ((dp, tp, pp), parallelize_gpt's keywords), one after the other, and
+    """Every case of ``cases`` ((dp, tp, pp[, cp]), parallelize_gpt's keywords), one after the other, and
     a mesh built for the wrong number of ranks; the one-process losses as "ref_losses"."""
     torch.set_num_threads(1)
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg

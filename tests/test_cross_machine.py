@@ -74,7 +74,7 @@ def _counts(junit: Path) -> dict[str, int]:
 # subprocess); a target's rough cost in seconds on two idle cores balances them, 1 if not listed.
 SHARDS = 3
 COST = {"tests/test_tensor_parallel.py": 16, "labs/04_accumulation.ipynb": 20, "tests/test_llama_techniques.py": 10,
-        "tests/test_pipeline_dist.py": 12, "tests/test_parallelize.py": 8, "tests/test_context_parallel.py": 6}
+        "tests/test_pipeline_dist.py": 12, "tests/test_parallelize.py": 14, "tests/test_context_parallel.py": 6}
 
 
 def shards(targets: list[str], n: int = SHARDS) -> list[list[str]]:

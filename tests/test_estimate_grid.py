@@ -1,9 +1,9 @@
 """labkit.estimate against the memory meter on real ranks: a grid of composed runs on 8 and 4 gloo ranks.
 
 One launch of 8 ranks serves most cases, one of 4 ranks a few more: data x tensor x pipeline
-degrees, ZeRO 0-3 (stages 2 and 3 without a pipeline or sequence parallelism here: the padding
-of their buckets and units per pipeline chunk is not yet compared; stage 3 refuses checkpointing),
-recomputation none / selective / full, sequence
+(x context) degrees, ZeRO 0-3 (stages 2 and 3 without a pipeline or sequence parallelism here: the
+padding of their buckets and units per pipeline chunk is not yet compared; stage 3 with
+recomputation too), recomputation none / selective / full, sequence
 parallelism, 1F1B and GPipe, for GPT-2's block (tied embeddings, learned positions) and the Llama
 block with grouped-query attention. Each rank takes an AdamW step under ``parallelize_gpt``, in fp32 or all in bf16,
 and measures it (tests/estimate_grid_workers.py).
@@ -24,6 +24,11 @@ pipeline stage s) and so on the most loaded one (the estimate without ``stage``)
   labkit's exact CPU count (``labkit.memory.analytic.activation_bytes``) instead, and
   scripts/bench_estimate.py prints the formula's error. A pipeline stage's activations are the
   most micro-batches the runtime held at once times one micro-batch's forward (see the worker).
+
+Context parallelism (a fourth degree, cp): the model states only, ZeRO sharding them over the
+dp x cp ranks that hold the same parameters as the estimator does. Its activations are not
+compared: the estimate counts labkit's eager attention core, and the ring keeps other tensors
+(its output and log-sum-exp, the shard's positions): for the Llama block within 4% of it here, not to the byte.
 
 The estimate's ``transient`` (logits, a gathered ZeRO-3 unit, a recomputed layer) is a peak
 above these and is not compared here.
@@ -46,7 +51,7 @@ from estimate_grid_workers import FAMILIES, grid_rank
 pytestmark = pytest.mark.xdist_group("dist:estimate_grid")
 
 GLOBAL_BATCH = 8
-# (family, (dp, tp, pp), parallelize_gpt's keywords); the Llama block's 2 KV heads allow tp <= 2
+# (family, (dp, tp, pp[, cp]), parallelize_gpt's keywords); the Llama block's 2 KV heads allow tp <= 2
 CASES = [
     ("llama-gqa", (2, 2, 2), dict(num_microbatches=2)),
     ("llama-gqa", (2, 2, 2), dict(zero_stage=1, sequence_parallel=True, checkpoint="selective", num_microbatches=2)),
@@ -70,6 +75,13 @@ CASES_4 = [  # and on 4 ranks, in a second launch
     ("llama-gqa", (2, 1, 2), dict(zero_stage=1, num_microbatches=2, precision="bf16")),
     ("llama-gqa", (2, 2, 1), dict(zero_stage=3, precision="bf16")),
     ("gpt2", (1, 2, 2), dict(checkpoint="full", sequence_parallel=True, num_microbatches=2, precision="bf16")),
+    ("gpt2", (2, 2, 1), dict(zero_stage=3, checkpoint="full")),
+    ("llama-gqa", (4, 1, 1), dict(zero_stage=3, checkpoint="selective")),
+    ("llama-gqa", (2, 1, 1, 2), dict(zero_stage=3, checkpoint="full")),
+    ("gpt2", (1, 2, 1, 2), dict(zero_stage=2, checkpoint="selective")),
+    ("llama-gqa", (2, 1, 1, 2), dict(zero_stage=1)),
+    ("gpt2", (1, 2, 1, 2), dict(zero_stage=1, sequence_parallel=True, checkpoint="full")),
+    ("llama-gqa", (1, 1, 2, 2), dict(zero_stage=1, checkpoint="full", num_microbatches=2)),
 ]
 SIZES = [8] * len(CASES) + [4] * len(CASES_4)
 CASES = CASES + CASES_4
@@ -97,9 +109,9 @@ def ranks(runs, i):
 
 def estimate(case, stage=None):
     """The estimator's answer for a case: AdamW, everything in fp32 (or bf16, the case's ``precision``)."""
-    family, (dp, tp, pp), kw = case
+    family, (dp, tp, pp, *cp), kw = case
     m = kw.get("num_microbatches", 1)
-    dims = SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp)
+    dims = SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp, cp_size=cp[0] if cp else 1)
     return training_memory(ModelShape.from_config(GPTConfig(**FAMILIES[family])), seq_len=FAMILIES[family]["seq_len"],
                            micro_batch=GLOBAL_BATCH // dp // m, dims=dims,
                            zero_stage=kw.get("zero_stage", 0), recompute=kw.get("checkpoint", "none"),
@@ -110,7 +122,9 @@ def estimate(case, stage=None):
 
 def activations_exact(case) -> bool:
     """Where the estimator's activations are labkit's model's on the CPU (the module docstring)."""
-    family, _, kw = case
+    family, degrees, kw = case
+    if len(degrees) > 3 and degrees[3] > 1:  # context parallelism: model states only
+        return False
     return family == "llama-gqa" or (kw.get("checkpoint") == "full" and kw.get("precision", "fp32") == "fp32")
 
 
@@ -124,13 +138,13 @@ def test_model_states_per_rank_equal_the_meter_to_the_byte(runs, i):
 
 # the Llama block and full recomputation: the estimate; GPT-2's block on one tensor-parallel rank
 # and one stage: labkit's exact CPU count; the rest (GPT-2's block, t or p > 1): no exact count
-ACTIVATION_CASES = [i for i, (family, (_, tp, pp), kw) in enumerate(CASES)
-                    if activations_exact(CASES[i]) or tp == pp == 1]
+ACTIVATION_CASES = [i for i, (family, (_, tp, pp, *cp), kw) in enumerate(CASES)
+                    if activations_exact(CASES[i]) or (tp == pp == 1 and cp in ([], [1]))]
 
 
 @pytest.mark.parametrize("i", ACTIVATION_CASES, ids=[IDS[i] for i in ACTIVATION_CASES])
 def test_activations_per_rank_equal_the_meter_where_it_is_exact_on_the_cpu(runs, i):
-    family, (dp, _, _), kw = CASES[i]
+    family, (dp, *_), kw = CASES[i]
     for rank, got in enumerate(ranks(runs, i)):
         if activations_exact(CASES[i]):
             want = estimate(CASES[i], stage=got["stage"]).activations

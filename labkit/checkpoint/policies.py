@@ -51,7 +51,8 @@ def _override(module, forward) -> None:
 
 
 def apply_checkpointing(model, policy="full", *, k: int | None = None, budget: int | None = None,
-                        batch_size: int | None = None, seq_len: int | None = None, impl: str = "scratch") -> Plan:
+                        batch_size: int | None = None, seq_len: int | None = None, impl: str = "scratch",
+                        sharded=None) -> Plan:
     """Checkpoint ``model.blocks`` in place by ``policy`` (a name or a :class:`Plan`); return the plan.
 
     Policies: ``none``, ``full``, ``every_k`` (with ``k``), ``sqrt``, ``selective``, ``budget``
@@ -62,7 +63,10 @@ def apply_checkpointing(model, policy="full", *, k: int | None = None, budget: i
     a full segment recomputes every part of its blocks (LayerNorm or RMSNorm, GELU MLP or SwiGLU's
     gate, up and down, rotary positions); ``selective`` the attention core, whose inputs are q and k
     already rotated and the key-value heads already repeated for grouped-query attention.
-    ``budget`` plans from GPT-2's block's byte formulas and refuses another block.
+    ``budget`` plans from GPT-2's block's byte formulas and refuses another block. ``sharded``:
+    blocks whose parameters are gathered around each call (ZeRO-3's ``FullyShardedModule``, or
+    any object with its ``gathered(block)`` and ``unit_parameters(block)``); a full segment then
+    runs each block inside ``gathered``, forward and recomputation alike.
     """
     check_choice("impl", impl, IMPLS)
     blocks = _blocks(model)
@@ -92,18 +96,33 @@ def apply_checkpointing(model, policy="full", *, k: int | None = None, budget: i
             _override(core, _checkpointed(impl, functools.partial(type(core).forward, core), []))
         elif mode == "full":  # the segment's input is kept, everything inside is recomputed
             segment = blocks[start:stop]
-            params = [p for block in segment for p in block.parameters()]
-            _override(segment[0], _checkpointed(impl, functools.partial(_run_segment, segment), params))
+            if sharded is None:
+                params, run = [p for block in segment for p in block.parameters()], _run_segment
+            else:  # the recomputation gathers each block's parameters again, as its forward did
+                params = [p for block in segment for p in sharded.unit_parameters(block)]
+                run = functools.partial(_run_segment_gathered, sharded)
+            _override(segment[0], _checkpointed(impl, functools.partial(run, segment), params))
             for block in segment[1:]:
                 _override(block, _passthrough)
     return plan
 
 
 def _run_segment(segment, x, *args, **kwargs):
-    """The class forwards of consecutive blocks: x -> block_n(... block_1(x, *args, **kwargs))."""
-    x = type(segment[0]).forward(segment[0], x, *args, **kwargs)
-    for block in segment[1:]:
-        x = type(block).forward(block, x)
+    """The class forwards of consecutive blocks: x -> block_n(... block_1(x, *args, **kwargs)).
+
+    Every block of a segment takes the first one's arguments: a model passes each block the same
+    ones (context parallelism's ring attention and global positions), and dropping them would run
+    the later blocks' attention on the shard alone."""
+    for block in segment:
+        x = type(block).forward(block, x, *args, **kwargs)
+    return x
+
+
+def _run_segment_gathered(sharded, segment, x, *args, **kwargs):
+    """:func:`_run_segment` with each block's parameters gathered around its forward."""
+    for block in segment:
+        with sharded.gathered(block):
+            x = type(block).forward(block, x, *args, **kwargs)
     return x
 
 

@@ -16,11 +16,13 @@ from .analytic import (LAYOUTS, attention_activation_fraction, block_flops, caus
 __all__ = ["LAYOUTS", "attention_activation_fraction", "block_flops", "causal_pairs", "check_cp_seq_len",
            "computed_blocks", "chunk_offsets", "chunks_of_rank", "hide_chunk_tokens", "ring_bytes_per_layer",
            "shard_sequence", "unshard_sequence", "shard_positions", "RingAttention", "ring_attention",
-           "check_ring_inputs", "apply_context_parallel", "ContextParallelGradSum", "check_cp_group"]
+           "check_ring_inputs", "apply_context_parallel", "ContextParallelGradSum", "check_cp_group",
+           "context_parallel_inputs", "context_parallel_loss"]
 
 # the torch side (shard, ring, apply) loads on first use
 __getattr__, __dir__ = lazy_exports(__name__, {
     ".shard": ("shard_sequence", "unshard_sequence", "shard_positions"),
     ".ring": ("RingAttention", "ring_attention", "check_ring_inputs"),
-    ".apply": ("apply_context_parallel", "ContextParallelGradSum", "check_cp_group"),
+    ".apply": ("apply_context_parallel", "ContextParallelGradSum", "check_cp_group", "context_parallel_inputs",
+               "context_parallel_loss"),
 })

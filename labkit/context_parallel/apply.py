@@ -25,7 +25,8 @@ from .analytic import LAYOUTS, check_cp_seq_len
 from .ring import ring_attention
 from .shard import shard_positions
 
-__all__ = ["apply_context_parallel", "ContextParallelGradSum", "check_cp_group"]
+__all__ = ["apply_context_parallel", "ContextParallelGradSum", "check_cp_group", "context_parallel_inputs",
+           "context_parallel_loss"]
 
 
 def check_cp_group(group, cp_size: int | None = None) -> tuple[int, int]:
@@ -75,12 +76,14 @@ def _global_loss(model, logits, targets):
     share = local / n.clamp(min=1)
     total = share.detach().clone()
     dist.all_reduce(total, group=group)
+    if model._cp_grad_sum is None:  # a wrapper's mean over the cp ranks (and dp) must sum the shares
+        share = share * model.cp_size
     return share + (total - share.detach())  # the value of the global mean, the gradient of the share
 
 
 def _cp_forward(self, idx, targets=None):
     """This rank's shard idx (B, s/cp) -> logits (B, s/cp, V), or the global mean loss."""
-    group, cp, rank = self._cp_group, self.cp_size, self.cp_rank
+    group, cp = self._cp_group, self.cp_size
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2:
         raise ValueError(f"idx must be this rank's (B, s/cp) shard of token ids, got {getattr(idx, 'shape', idx)}")
     seq = idx.size(1) * cp
@@ -94,24 +97,39 @@ def _cp_forward(self, idx, targets=None):
             raise ValueError(f"mismatched shards: idx {tuple(idx.shape)} on this rank; every rank of the group "
                              "must feed a shard of one shape (B, s/cp)")
         self._cp_checked = True
-    pos = shard_positions(seq, cp, rank, layout=self.cp_layout, device=idx.device)  # (s/cp,) global
+    pos, attend, rope_pos = context_parallel_inputs(self, idx.size(1), idx.device)
     x = self.embed(idx, pos)  # (B, s/cp, C)
-    attend = partial(ring_attention, group=group, causal=True, layout=self.cp_layout, check=False)
-    rope_pos = pos if self.wpe is None else None  # rotary angles at the global positions
     for block in self.blocks:
         x = block(x, attend, rope_pos)
     logits = self.head(x)  # (B, s/cp, V)
     return logits if targets is None else _global_loss(self, logits, targets)
 
 
+def context_parallel_inputs(model, shard_len: int, device) -> tuple:
+    """What a context-parallel ``model`` feeds its layers for a shard of ``shard_len`` (s/cp)
+    tokens: the global positions (s/cp,) for ``embed(idx, pos)``, and ``attend`` and ``rope_pos``
+    for each ``block(x, attend, rope_pos)`` (a pipeline's stages call them so, labkit.parallel)."""
+    cp, layout = model.cp_size, model.cp_layout
+    pos = shard_positions(shard_len * cp, cp, model.cp_rank, layout=layout, device=device)  # (s/cp,) global
+    attend = partial(model.cp_attention, group=model._cp_group, causal=True, layout=layout, check=False)
+    return pos, attend, pos if model.wpe is None else None  # rotary angles at the global positions
+
+
+def context_parallel_loss(model, logits, targets):
+    """The loss of a context-parallel ``model`` from this rank's logits (B, s/cp, V) and targets
+    (B, s/cp): the global mean's value, this rank's share's gradient (a pipeline's last stage)."""
+    return _global_loss(model, logits, targets)
+
+
 def apply_context_parallel(model, group=None, *, layout: str = "zigzag", cp_size: int | None = None,
-                           grad_sync: bool = True, init_sync: str | None = "check"):
+                           grad_sync: bool = True, init_sync: str | None = "check", attention=None):
     """Make ``model`` train on this rank's sequence shards over ``group`` (None: the default
     group), in place; return it. ``cp_size``, if given, must equal the group's size.
-
-    ``grad_sync``: sum the gradients over the group at the end of backward (False when a
-    data-parallel wrapper reduces over the data x context ranks at once). ``init_sync``:
-    "check" refuses ranks whose parameters differ, "broadcast" copies group rank 0's, None trusts."""
+    ``attention``: what each layer attends with, called as :func:`ring_attention` (None: it).
+    ``grad_sync``: sum the gradients over the group at the end of backward; False when a wrapper
+    averages over the data x context ranks (ZeRO): a rank's gradient is then cp times its share,
+    so the mean sums the shares (Megatron-LM scales its loss by cp so). ``init_sync``: "check"
+    refuses ranks whose parameters differ, "broadcast" copies group rank 0's, None trusts."""
     check_choice("layout", layout, LAYOUTS)
     check_bool("grad_sync", grad_sync)
     check_choice("init_sync", init_sync, (*INIT_SYNCS, None))
@@ -124,5 +142,6 @@ def apply_context_parallel(model, group=None, *, layout: str = "zigzag", cp_size
     model.forward = types.MethodType(_cp_forward, model)  # an instance attribute shadows GPT.forward
     model.cp_size, model.cp_rank, model.cp_layout, model._cp_group = cp, rank, layout, group
     model._cp_checked = False
+    model.cp_attention = ring_attention if attention is None else attention
     model._cp_grad_sum = ContextParallelGradSum(model.parameters(), group) if grad_sync else None
     return model

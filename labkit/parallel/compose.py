@@ -5,27 +5,22 @@ whether :func:`labkit.parallel.parallelize_gpt` composes the techniques a run na
 below is the one list; ``parallelize_gpt`` refuses what it names (ZeRO-Offload, which the table
 allows over data parallelism alone, runs as ``labkit.zero.OffloadOptimizer``) and the planner
 (``labkit.plan.plan_training``) recommends only what passes, so a plan's memory is one the
-estimate grid can measure.
+estimate grid can measure. :func:`check_combination` and :func:`knobs_of_run` check
+``parallelize_gpt``'s keywords, or a RunConfig it is given, against it.
 """
 
 from __future__ import annotations
 
-__all__ = ["NOT_COMPOSED", "runnable_reason", "refusal_key", "refusal_text", "check_runnable"]
+from ..tensor_parallel.rules import check_sequence_parallel
+from .config import RunConfig
+
+__all__ = ["NOT_COMPOSED", "runnable_reason", "refusal_key", "refusal_text", "check_runnable", "check_combination",
+           "knobs_of_run"]
 
 # (a key, a test on a RunConfig, why labkit does not run it); labkit.messages renders the key in
 # each language. Each entry is a combination the mechanisms
 # refuse today; removing one is done by making parallelize_gpt run it and the estimate grid measure it.
 NOT_COMPOSED = (
-    ("cp_pp", lambda r: r.cp_size > 1 and r.pp_size > 1,
-     "context parallelism with the pipeline (cp_size > 1 and pp_size > 1)"),
-    ("cp_sp", lambda r: r.cp_size > 1 and r.sequence_parallel,
-     "context parallelism with sequence parallelism (cp_size > 1 and sequence_parallel)"),
-    ("cp_zero", lambda r: r.cp_size > 1 and r.zero_stage >= 2,
-     "context parallelism with ZeRO-2/3 (cp_size > 1 and zero_stage >= 2)"),
-    ("cp_recompute", lambda r: r.cp_size > 1 and r.recompute != "none",
-     "context parallelism with recomputation (cp_size > 1 and recompute != 'none')"),
-    ("zero3_recompute", lambda r: r.zero_stage == 3 and r.recompute != "none",
-     "ZeRO-3 with recomputation (the recomputed forward would gather each unit outside ZeRO-3's forward)"),
     ("offload_stage", lambda r: r.offload and r.zero_stage != 2,
      "ZeRO-Offload at a stage other than 2 (labkit.zero.OffloadOptimizer is ZeRO-2's)"),
     ("offload_composed", lambda r: r.offload and r.tp_size * r.pp_size * r.cp_size > 1,
@@ -65,3 +60,32 @@ def check_runnable(run) -> None:
     why = runnable_reason(run)
     if why:
         raise ValueError(f"labkit does not run {why} yet")
+
+
+def check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v,
+                      seq_len: int) -> None:
+    """Refuse what the techniques cannot do together: :func:`check_runnable`'s table, the one
+    list (the planner reads it too), and sequence parallelism's rule: ``parallelize_gpt``'s keywords."""
+    check_sequence_parallel(sequence_parallel, dims.tp_size, seq_len // dims.cp_size)
+    run = RunConfig(dp_size=dims.dp_size, tp_size=dims.tp_size, pp_size=dims.pp_size, cp_size=dims.cp_size,
+                    zero_stage=zero_stage, sequence_parallel=sequence_parallel, num_microbatches=num_microbatches,
+                    recompute=checkpoint if checkpoint in ("none", "selective") else "full", v=v, schedule=schedule)
+    why = runnable_reason(run)
+    if why:
+        raise ValueError(f"{dims} with zero_stage={zero_stage}, sequence_parallel={sequence_parallel}, checkpoint="
+                         f"{checkpoint!r}: labkit does not run {why} yet; see labkit.parallel.compose.NOT_COMPOSED")
+
+
+def knobs_of_run(run) -> tuple:
+    """(dims, ``parallelize_gpt``'s keywords) of a RunConfig; refuses what a model's run cannot take."""
+    check_runnable(run)
+    if run.offload:
+        raise ValueError("run.offload=True: ZeRO-Offload runs as labkit.zero.OffloadOptimizer over data "
+                         "parallelism, not inside parallelize_gpt")
+    for name, value, plain in (("precision", run.precision, "fp32"), ("attention", run.attention, "eager")):
+        if value != plain:
+            raise ValueError(f"run.{name}={value!r}: parallelize_gpt trains the model in the dtype it is given, "
+                             f"with labkit's own attention; pass a RunConfig with {name}={plain!r}")
+    checkpoint = {"none": "none", "selective": "selective", "full": "full"}[run.recompute]
+    return run.dims, dict(sequence_parallel=run.sequence_parallel, zero_stage=run.zero_stage, checkpoint=checkpoint,
+                          schedule=run.schedule, num_microbatches=run.num_microbatches, v=run.v)

@@ -2,15 +2,18 @@
 
 The order is torchtitan's ``parallelize_llama``: tensor (and sequence) parallelism over "tp",
 context parallelism over "cp" (ring attention), the pipeline split over "pp", activation
-checkpointing of the blocks, then data parallelism or ZeRO over "dp". Each technique is labkit's own
+checkpointing of the blocks, then data parallelism over "dp" or ZeRO over "dp" x "cp" (under
+ZeRO-3 the checkpoints go inside its units, so a recomputed block gathers its parameters again).
+Each technique is labkit's own
 (:mod:`labkit.tensor_parallel`, :mod:`labkit.pipeline`, :mod:`labkit.checkpoint`,
 :mod:`labkit.data_parallel`, :mod:`labkit.zero`); this module only composes them.
 
 What comes back, a :class:`ParallelModel`, does every end-of-backward duty by itself: the
 sequence-parallel gradient sums over "tp" (the tensor-parallel layers' hook; under ZeRO-2/3 a
 sum of the shards, :mod:`.zero3`), the tied embedding's exchange between the first and last stage
-(the pipeline runtime; under ZeRO-2/3 of the two ends' shards), and the reduction over "dp" (after
-the step's last backward pass; ZeRO-1/2's inside its optimizer, ZeRO-3's in each backward pass).
+(the pipeline runtime; under ZeRO-2/3 of the two ends' shards), the context-parallel sum over "cp"
+(without ZeRO), and the reduction over "dp" (after the step's last backward pass; under ZeRO over
+"dp" x "cp": ZeRO-1/2's inside its optimizer, ZeRO-3's in each backward pass).
 A plain loop over it trains like one process::
 
     pm = parallelize_gpt(model, dims, mesh, zero_stage=1, num_microbatches=2)
@@ -24,23 +27,24 @@ A plain loop over it trains like one process::
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import apply_checkpointing
-from ..context_parallel import apply_context_parallel, shard_sequence
+from ..checkpoint import apply_checkpointing, checkpoint_scratch
+from ..context_parallel import apply_context_parallel, ring_attention, shard_sequence
 from ..data_parallel import DataParallelBucketed
 from ..pipeline import SCHEDULES, build_chunks, check_same_model, make_schedule, run_schedule, split_stages
 from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
 from ..zero import FullyShardedModule, ShardedGradOptimizer, ShardedOptimizer
-from ..tensor_parallel.rules import check_sequence_parallel
-from .compose import check_runnable, runnable_reason
+from .compose import check_combination, knobs_of_run
 from .config import RunConfig
+from .context import context_parallel_chunks, context_parallel_loss_fn
 from .dims import AXES, ParallelDims
 from .experts import ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, shard_experts
-from .zero3 import ShardedSequenceSum, sequence_sharded, shard_chunks, sharded_full_state
+from .zero3 import BlockShards, ShardedSequenceSum, replica_group, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
 
@@ -54,37 +58,6 @@ def _check_mesh(dims, mesh) -> None:
     if names != AXES or shape != dims.sizes:
         raise ValueError(f"mesh has axes {names} of sizes {shape}; dims needs axes {AXES} of sizes "
                          f"{dims.sizes}: build it with dims.build_mesh(device_type)")
-
-
-def _check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v,
-                       seq_len: int) -> None:
-    """Refuse what the techniques cannot do together: :func:`labkit.parallel.compose.check_runnable`'s
-    table, the one list (the planner reads it too), and sequence parallelism's rule."""
-    check_sequence_parallel(sequence_parallel, dims.tp_size, seq_len // dims.cp_size)
-    run = RunConfig(dp_size=dims.dp_size, tp_size=dims.tp_size, pp_size=dims.pp_size, cp_size=dims.cp_size,
-                    zero_stage=zero_stage, sequence_parallel=sequence_parallel, num_microbatches=num_microbatches,
-                    recompute="none" if checkpoint == "none" else "full", v=v, schedule=schedule)
-    why = runnable_reason(run)
-    if why:
-        knobs = (f"cp_size={dims.cp_size} with pp_size={dims.pp_size}, sequence_parallel={sequence_parallel}, "
-                 f"zero_stage={zero_stage}, checkpoint={checkpoint!r}" if dims.cp_size > 1
-                 else f"zero_stage={zero_stage} with checkpoint={checkpoint!r}")
-        raise ValueError(f"{knobs}: labkit does not run {why} yet; see labkit.parallel.compose.NOT_COMPOSED")
-
-
-def _from_run(run) -> tuple:
-    """(dims, parallelize_gpt's keywords) of a RunConfig; refuses what a model's run cannot take."""
-    check_runnable(run)
-    if run.offload:
-        raise ValueError("run.offload=True: ZeRO-Offload runs as labkit.zero.OffloadOptimizer over data "
-                         "parallelism, not inside parallelize_gpt")
-    for name, value, plain in (("precision", run.precision, "fp32"), ("attention", run.attention, "eager")):
-        if value != plain:
-            raise ValueError(f"run.{name}={value!r}: parallelize_gpt trains the model in the dtype it is given, "
-                             f"with labkit's own attention; pass a RunConfig with {name}={plain!r}")
-    checkpoint = {"none": "none", "selective": "selective", "full": "full"}[run.recompute]
-    return run.dims, dict(sequence_parallel=run.sequence_parallel, zero_stage=run.zero_stage, checkpoint=checkpoint,
-                          schedule=run.schedule, num_microbatches=run.num_microbatches, v=run.v)
 
 
 class ParallelModel:
@@ -105,7 +78,13 @@ class ParallelModel:
         self.num_microbatches, self.v = num_microbatches, v
         self.coords = dims.coords(dist.get_rank())
         self.group = {axis: mesh.get_group(axis) for axis in AXES}
-        self.pp_ranks = [dims.rank_of(dp=self.coords.dp, pp=s, tp=self.coords.tp) for s in range(dims.pp_size)]
+        self.group["replicas"] = replica_group(dims, mesh, self.coords) if zero_stage else self.group["dp"]
+        c = self.coords  # a stage's peers along "pp" share its dp, cp and tp coordinates
+        self.pp_ranks = [dims.rank_of(dp=c.dp, pp=s, cp=c.cp, tp=c.tp) for s in range(dims.pp_size)]
+        self._loss_fn = model.loss
+        if chunks and dims.cp_size > 1:  # each chunk's layers by the ring, the loss the global mean's
+            context_parallel_chunks(model, chunks, dims.tp_size if sequence_parallel else 1)
+            self._loss_fn = context_parallel_loss_fn(model)
         self.actions = actions
         held = {id(p) for c in chunks for p in c.parameters()} if chunks else None
         self._named = [(n, p) for n, p in model.named_parameters() if held is None or id(p) in held]
@@ -124,11 +103,11 @@ class ParallelModel:
         """ZeRO-3 over "dp": the whole model (one stage) or each chunk (:mod:`.zero3`); with
         sequence parallelism, the sum over "tp" of the sequence-sharded parameters' shards."""
         if self.chunks:
-            self.fsdp_chunks, self._tied = shard_chunks(model, self.chunks, self.group["dp"], block_type)
+            self.fsdp_chunks, self._tied = shard_chunks(model, self.chunks, self.group["replicas"], block_type)
             wrappers = self.fsdp_chunks
         else:
             sp = {n for n, p in self._named if getattr(p, "sequence_parallel", False)}
-            self.fsdp = FullyShardedModule(model, group=self.group["dp"], unit_types=(block_type,))
+            self.fsdp = FullyShardedModule(model, group=self.group["replicas"], unit_types=(block_type,))
             self.fsdp.sequence_parallel_names = sp
             wrappers = [self.fsdp]
         self._named = [(n, None) for n, _ in self._named]  # names only: no reference to the full tensors
@@ -166,7 +145,7 @@ class ParallelModel:
         """The step's optimizer over this rank's parameters: ``optimizer_cls`` itself (stages 0 and
         3), or ZeRO-1/2's sharded wrapper around it over "dp"; kept as ``self.optimizer``."""
         if self.zero_stage == 1:
-            self.optimizer = ShardedOptimizer(self.named_parameters(), optimizer_cls, group=self.group["dp"],
+            self.optimizer = ShardedOptimizer(self.named_parameters(), optimizer_cls, group=self.group["replicas"],
                                               **kwargs) if self.expert_replicas is None else \
                 expert_sharded_optimizer(self, optimizer_cls, kwargs)
         elif self.zero_stage == 2:
@@ -183,7 +162,7 @@ class ParallelModel:
         groups = [{"params": [(n, p) for n, p in named if not (pp and p is self._tied)]}]
         if len(groups[0]["params"]) < len(named):
             groups.append({"params": [(n, p) for n, p in named if p is self._tied]})
-        opt = ShardedGradOptimizer(groups, optimizer_cls, group=self.group["dp"], **kwargs)
+        opt = ShardedGradOptimizer(groups, optimizer_cls, group=self.group["replicas"], **kwargs)
         if self.dims.pp_size > 1:
             self._tied = opt.slice_of(self._tied)  # None on a middle stage
         if self.sequence_parallel:
@@ -234,7 +213,7 @@ class ParallelModel:
         seq = x.shape[1] // self.dims.tp_size if self.sequence_parallel else x.shape[1]  # what stages exchange
         res = run_schedule(self.fsdp_chunks or self.chunks, self.actions, rank=self.coords.pp,
                            pp_size=self.dims.pp_size,
-                           inputs=x.chunk(m), targets=y.chunk(m), loss_fn=model.loss,
+                           inputs=x.chunk(m), targets=y.chunk(m), loss_fn=self._loss_fn,
                            act_shape=(x.shape[0] // m, seq, model.cfg.d_model), act_dtype=self._act_dtype,
                            device=x.device, group=self.group["pp"], ranks=self.pp_ranks,
                            tied=self._tied, count_saved=False)
@@ -257,18 +236,19 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     parallelism (``zero_stage=0``, :class:`labkit.data_parallel.DataParallelBucketed`) or ZeRO
     stage 1, 2 or 3 (:mod:`labkit.zero`).
 
-    Refused with a ValueError, because the techniques here cannot do them together:
-    ``cp_size > 1`` (context parallelism over "cp", after tensor parallelism) with pp > 1, sequence
-    parallelism, ZeRO-2/3 or checkpointing (not composed yet); ``sequence_parallel`` without
-    tp > 1; ZeRO-3 with checkpointing. ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps
-    each chunk over "dp"; the tied embedding's shards line up at the two ends, which sum them) and
-    with sequence parallelism (its sum over "tp" taken on the shards), :mod:`.zero3`.
+    Refused with a ValueError: ``sequence_parallel`` without tp > 1, and what
+    :data:`labkit.parallel.compose.NOT_COMPOSED` names. Context parallelism (over "cp", after
+    tensor parallelism) composes with every technique here, the pipeline's chunks running the
+    ring (:mod:`.context`); ZeRO shards over the dp x cp ranks that hold the same parameters.
+    ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps each chunk; the tied embedding's
+    shards line up at the two ends, which sum them), with sequence parallelism (its sum over "tp"
+    taken on the shards), :mod:`.zero3`, and with checkpointing (inside ZeRO-3's units).
     Experts: data parallelism, ZeRO-1 and ``dims.ep_size`` (:mod:`.experts`); the rest refused.
     """
     if isinstance(dims, RunConfig):
         if (sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v) != (False, 0, "none", "1f1b", 1, 1):
             raise TypeError("parallelize_gpt takes a RunConfig or keywords, not both")
-        dims, knobs = _from_run(dims)
+        dims, knobs = knobs_of_run(dims)
         return parallelize_gpt(model, dims, mesh, **knobs)
     check_bool("sequence_parallel", sequence_parallel)
     check_int("zero_stage", zero_stage, 0, 3)
@@ -278,7 +258,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     check_int("v", v, 1)
     check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint)
     _check_mesh(dims, mesh)
-    _check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
+    check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
         raise ValueError(f"schedule={schedule!r}, v={v} need pp_size > 1; with one stage the m micro-batches "
                          "run one after another (gradient accumulation)")
@@ -290,10 +270,16 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     if dims.tp_size > 1:
         apply_tensor_parallel(model, mesh.get_group("tp"), sequence_parallel)
     if dims.cp_size > 1:  # ring attention over "cp"; its gradient sum runs before the one over "dp"
-        apply_context_parallel(model, mesh.get_group("cp"))
-    if checkpoint != "none":
+        # selective recomputation recomputes the attention core, here the ring: it keeps q, k, v only
+        ring = partial(checkpoint_scratch, ring_attention, params=[]) if checkpoint == "selective" else None
+        # under ZeRO its mean over the dp x cp ranks sums the sequence's shares (grad_sync=False)
+        apply_context_parallel(model, mesh.get_group("cp"), attention=ring, grad_sync=zero_stage == 0)
+    if checkpoint != "none" and zero_stage != 3:
         apply_checkpointing(model, checkpoint)
     chunks = build_chunks(model, ranges, pp, stage) if pp > 1 else None
-    return ParallelModel(model, dims, mesh, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
-                         num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions,
-                         expert_replicas=shard_experts(model, dims, mesh.get_group("dp")))  # ep > 1: experts over "ep"
+    pm = ParallelModel(model, dims, mesh, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
+                       num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions,
+                       expert_replicas=shard_experts(model, dims, mesh.get_group("dp")))  # ep > 1: experts over "ep"
+    if checkpoint != "none" and zero_stage == 3:  # inside ZeRO-3's units: a recomputed block gathers again
+        apply_checkpointing(model, checkpoint, sharded=BlockShards(pm.fsdp_chunks or [pm.fsdp]))
+    return pm

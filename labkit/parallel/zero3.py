@@ -1,12 +1,15 @@
-"""ZeRO-3 under the pipeline and sequence parallelism (and ZeRO-2's sum over "tp"): what
-:func:`parallelize_gpt` adds around :class:`labkit.zero.FullyShardedModule`.
+"""ZeRO-3 under the pipeline, sequence parallelism and recomputation (and ZeRO-2's sum over "tp"),
+and the ranks ZeRO shards over (:func:`replica_group`): what :func:`parallelize_gpt` adds around
+:class:`labkit.zero.FullyShardedModule`.
 
-Under a pipeline each of a rank's chunks is wrapped on its own, over "dp": the schedule calls the
+ZeRO shards over the ranks that hold the same parameters: "dp", or with context parallelism the
+dp x cp ranks (each rank's gradient then cp times its share of the sequence, so ZeRO's mean sums
+the shares). Under a pipeline each of a rank's chunks is wrapped on its own: the schedule calls the
 wrapper, so every unit (each block; the token embedding on the first stage, the output projection
 on the last) is gathered around the chunk's forward and again in its backward, and each backward
 pass reduce-scatters its gradients, which accumulate in the shards over the m micro-batches.
 The tied embedding is a unit of one parameter at both ends, flattened and padded alike and
-sharded over same-size "dp" groups: a rank's shard at the first stage and its peer's at the last
+sharded over same-size groups: a rank's shard at the first stage and its peer's at the last
 cover the same elements, so the pipeline's exchange sums the two shards' gradients.
 
 Under sequence parallelism a rank's gradient of a sequence-sharded parameter (norms, row-parallel
@@ -14,16 +17,37 @@ biases, position embeddings) is a partial sum over "tp". A unit's layout is the 
 tensor-parallel rank, so the shards line up over "tp" too, and by linearity summing the
 reduce-scattered shards over "tp" equals reduce-scattering the summed gradient:
 :class:`ShardedSequenceSum` does it once per step, after the step's last backward pass.
+
+Under recomputation a checkpointed block's forward runs again in backward, without the unit's
+hooks: :class:`BlockShards` lets ``apply_checkpointing`` gather the unit around it again.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
 
 from ..zero import FullyShardedModule
 
-__all__ = ["ShardedSequenceSum", "shard_chunks", "sharded_full_state"]
+__all__ = ["BlockShards", "ShardedSequenceSum", "replica_group", "shard_chunks", "sharded_full_state"]
+
+
+def replica_group(dims, mesh, coords):
+    """The ranks that hold this rank's parameters, which ZeRO shards over: the dp x cp ranks at its
+    (pp, tp), as the estimator counts them (``RunConfig.replicas``); "dp"'s group when cp = 1. Every
+    rank creates every such group, in one order (``new_group`` is collective)."""
+    if dims.cp_size == 1:
+        return mesh.get_group("dp")
+    mine = None
+    for pp in range(dims.pp_size):
+        for tp in range(dims.tp_size):
+            ranks = [dims.rank_of(dp=d, pp=pp, cp=c, tp=tp) for d in range(dims.dp_size) for c in range(dims.cp_size)]
+            group = dist.new_group(ranks)  # group rank d cp + c: the same order at every (pp, tp)
+            if (pp, tp) == (coords.pp, coords.tp):
+                mine = group
+    return mine
 
 
 def shard_chunks(model, chunks, group, block_type):
@@ -47,6 +71,26 @@ def shard_chunks(model, chunks, group, block_type):
             key = "wte.weight" if chunk.first else "lm_head.weight"
             tied = next(s for name, _, _, s in fsdp.shard_entries() if name == key)
     return wrapped, tied
+
+
+class BlockShards:
+    """ZeRO-3's gather of a block, whichever of ``wrappers`` holds it, for activation checkpointing
+    (``apply_checkpointing(..., sharded=...)``): a recomputed block gathers its unit again. A block
+    no wrapper holds (another pipeline stage's) keeps its own parameters."""
+
+    def __init__(self, wrappers):
+        self.wrappers = list(wrappers)
+
+    def _holder(self, block):
+        return next((w for w in self.wrappers if w.is_unit(block)), None)
+
+    def gathered(self, block):
+        w = self._holder(block)
+        return contextlib.nullcontext() if w is None else w.gathered(block)
+
+    def unit_parameters(self, block) -> list:
+        w = self._holder(block)
+        return list(block.parameters()) if w is None else w.unit_parameters(block)
 
 
 def sequence_sharded(wrappers) -> list:

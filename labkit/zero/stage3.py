@@ -12,109 +12,20 @@ parameter is a handle, and unpacking it gathers the unit again.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._pytree import tree_map
 
-from ..collectives import (FinishAfterBackward, all_gather_flat, check_init_sync, reduce_scatter_flat,
-                           sync_initial_state)
-from .comm import AllGatherParams
-from .flat import FlatLayout, param_slice, shard_numel
+from ..collectives import FinishAfterBackward, all_gather_flat, check_init_sync, sync_initial_state
+from .unit import Handle as _Handle
+from .unit import Unit as _Unit
 
 __all__ = ["FullyShardedModule"]
 
 _DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
-
-
-class _Unit:
-    """One unit's parameters: a flat shard (S,) in the master dtype and a view of it per parameter.
-
-    ``refs[i]`` lists the (module, attribute) pairs through which parameter i is read;
-    ``after_backward.arm()`` is called whenever backward reaches the unit.
-    """
-
-    def __init__(self, name, named_params, refs, group, compute_dtype, after_backward):
-        names, params = [n for n, _ in named_params], [p for _, p in named_params]
-        self.name, self.names, self.refs, self.group = name, names, refs, group
-        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        self.after_backward = after_backward
-        self.layout = FlatLayout.of(names, params)
-        self.S = shard_numel(self.layout.numel, self.world_size)
-        start = self.rank * self.S
-        with torch.no_grad():
-            flat = self.layout.flatten([p.detach() for p in params], self.world_size)  # (P,)
-            self.shard = flat[start:start + self.S].clone()  # (S,)
-        self.device, self.master_dtype = self.shard.device, self.shard.dtype
-        self.compute_dtype = compute_dtype or self.master_dtype
-        self.bounds, self.slices = [], []
-        for p, off, n in zip(params, self.layout.offsets, self.layout.numels()):
-            a, b = param_slice(off, n, start, start + self.S)
-            self.bounds.append((a, b))
-            lo = off + a - start
-            self.slices.append(nn.Parameter(self.shard[lo:lo + b - a], requires_grad=p.requires_grad))
-        self.requires_grad = any(p.requires_grad for p in params)
-        self.full_bwd = None  # the parameters gathered again for backward
-        self.pending = []  # (work, shard gradient, full gradient kept alive, used) per reduce-scatter
-
-    def gather(self) -> torch.Tensor:
-        """All-gather the full flat parameters (P,) in the compute dtype (no autograd)."""
-        send = self.shard if self.compute_dtype == self.master_dtype else self.shard.to(self.compute_dtype)
-        return all_gather_flat(send.detach(), self.world_size, self.group)
-
-    def pre_forward(self) -> int:
-        """Gather the parameters and put them on their modules; returns their storage's address."""
-        if torch.is_grad_enabled() and self.requires_grad:
-            views = AllGatherParams.apply(self, *self.slices)
-        else:
-            with torch.no_grad():
-                views = self.layout.views(self.gather())
-        for view, refs in zip(views, self.refs):
-            for module, attr in refs:
-                module.__dict__[attr] = view
-        return views[0].untyped_storage().data_ptr()
-
-    def post_forward(self):
-        """Drop every reference to the gathered parameters: saved tensors hold handles only."""
-        for refs in self.refs:
-            for module, attr in refs:
-                module.__dict__[attr] = None
-
-    def full_for_backward(self) -> torch.Tensor:
-        self.after_backward.arm()
-        if self.full_bwd is None:
-            with torch.no_grad():
-                self.full_bwd = self.gather()
-        return self.full_bwd
-
-    def reduce_scatter_grads(self, grad_full, used):
-        """Called by AllGatherParams.backward: free the parameters, launch the reduce-scatter."""
-        self.after_backward.arm()
-        self.full_bwd = None
-        grad_full.div_(self.world_size)  # the mean over ranks, as DDP takes it
-        shard, work = reduce_scatter_flat(grad_full, self.world_size, self.group, async_op=True)
-        self.pending.append((work, shard, grad_full, used))
-
-    def finish(self):
-        """Wait for the reduce-scatters; add each slice's gradient (fp32) to its ``.grad``."""
-        for work, shard, _, used in self.pending:
-            work.wait()
-            shard = shard.to(self.master_dtype)
-            for s, u, (a, b), off in zip(self.slices, used, self.bounds, self.layout.offsets):
-                if u and s.requires_grad:
-                    lo = off + a - self.rank * self.S
-                    part = shard[lo:lo + b - a]
-                    s.grad = part if s.grad is None else s.grad.add_(part)
-        self.pending, self.full_bwd = [], None
-
-
-class _Handle:
-    """What autograd keeps of a saved gathered parameter: its unit and its geometry."""
-
-    __slots__ = ("unit", "size", "stride", "offset")
-
-    def __init__(self, unit, t):
-        self.unit, self.size, self.stride, self.offset = unit, t.size(), t.stride(), t.storage_offset()
 
 
 def _unit_predicate(unit_types):
@@ -188,13 +99,20 @@ class FullyShardedModule(nn.Module):
                 del module_ref._parameters[attr]
                 module_ref.__dict__[attr] = None
         self._root = next((u for u in self._units if u.name == ""), None)
+        self._unit_of_module = self._hook_units(module)  # id(a unit's module) -> the unit
+        self.module = module
+        self.shards = nn.ParameterList(slices)
+
+    def _hook_units(self, module) -> dict:
+        """Gather each unit around its module's forward; {id(module): unit}."""
+        out = {}
         for unit in self._units:
             if unit.name:
                 mod = module.get_submodule(unit.name)
+                out[id(mod)] = unit
                 mod.register_forward_pre_hook(lambda m, args, unit=unit: self._enter(unit))
                 mod.register_forward_hook(lambda m, args, out, unit=unit: self._leave(unit))
-        self.module = module
-        self.shards = nn.ParameterList(slices)
+        return out
 
     # -- forward and backward ---------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -206,16 +124,57 @@ class FullyShardedModule(nn.Module):
                 self._enter(self._root)
             try:
                 return self.module(*args, **kwargs)
+            except BaseException:  # a unit whose forward raised never reached its release hook
+                self._release_all()
+                raise
             finally:
-                if self._root is not None:
+                if self._root is not None and self._root.depth:
                     self._leave(self._root)
 
+    def _release_all(self) -> None:
+        for unit in self._units:
+            if unit.depth:
+                unit.depth = 0
+                unit.post_forward()
+        self._live = {}
+
     def _enter(self, unit):
-        self._live[unit.pre_forward()] = unit
+        unit.depth += 1
+        if unit.depth == 1:  # inside an enclosing call (its hook, around a checkpointed forward): gathered
+            self._live[unit.pre_forward()] = unit
 
     def _leave(self, unit):
-        unit.post_forward()
-        self._live = {ptr: u for ptr, u in self._live.items() if u is not unit}
+        unit.depth -= 1
+        if unit.depth == 0:
+            unit.post_forward()
+            self._live = {ptr: u for ptr, u in self._live.items() if u is not unit}
+
+    def _unit(self, module):
+        unit = self._unit_of_module.get(id(module))
+        if unit is None:
+            raise ValueError(f"module ({type(module).__name__}) is not one of this FullyShardedModule's units")
+        return unit
+
+    @contextlib.contextmanager
+    def gathered(self, module):
+        """The unit ``module`` roots gathered onto its modules for the block (under grad mode
+        through the gather's autograd node: the gradients reduce-scatter to the shards), then freed.
+        A recomputed forward (activation checkpointing) runs the unit's class forward without its
+        hooks: it gathers the unit again so."""
+        unit = self._unit(module)
+        self._enter(unit)
+        try:
+            yield
+        finally:
+            self._leave(unit)
+
+    def is_unit(self, module) -> bool:
+        """Whether ``module`` roots one of this wrapper's units (not the root's)."""
+        return id(module) in self._unit_of_module
+
+    def unit_parameters(self, module) -> list:
+        """This rank's shard parameters of the unit ``module`` roots: the leaves its gradients reach."""
+        return list(self._unit(module).slices)
 
     def _pack(self, t):
         try:
