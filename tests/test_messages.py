@@ -82,10 +82,10 @@ def test_training_reason_is_the_planners_in_english():
     assert not english_words(zh, kept_latin()), zh
     assert training_reason([], "en") == found._replace(overflows=[], refused={}).reason()
     # nothing sized: what labkit does not run, by labkit.parallel.compose's keys, in either language
-    refused = {"cp_pp": 3, "zero3_recompute": 1}
+    refused = {"reshard": 3, "offload_params": 1}
     assert training_reason([], "en", refused) == found._replace(overflows=[], refused=refused).reason()
     zh = training_reason([], "zh_CN", refused)
-    assert "上下文并行与流水线并行" in zh and not english_words(zh, kept_latin()), zh
+    assert "参数卸载" in zh and not english_words(zh, kept_latin()), zh
 
 
 def test_serving_reason_is_the_planners_in_english():
@@ -170,3 +170,11 @@ def test_every_refusal_a_calculator_meets_has_a_kind():
                     assert not english_words(error_message(e, "zh_CN"), kept_latin()), e
                     refused.add(e.kind)
     assert {"untrainable", "no_peak", "head_divides", "kv_divides", "mla_heads", "int", "windows"} <= refused, refused
+
+
+def test_every_refusal_of_the_composition_table_is_worded_in_both_languages():
+    from labkit.parallel.compose import NOT_COMPOSED
+    for key, _, text in NOT_COMPOSED:
+        assert render(f"refused.{key}", "en") == text
+        zh = render(f"refused.{key}", "zh_CN")
+        assert zh != text and not english_words(zh, kept_latin()), (key, zh)

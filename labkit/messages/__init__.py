@@ -146,7 +146,7 @@ def training_reason(overflows, lang: str = "en", refused=None) -> str:
     and ``TrainingPlans.refused`` (what labkit does not run, by reason) when nothing was sized;
     in English, the text of ``TrainingPlans.reason()``."""
     if not overflows and refused:  # {labkit.parallel.compose's key: configurations}
-        what = [render(f"refused.{key}", lang) for key in sorted(refused)]
+        what = [render(f"refused.{key}", lang) for key in sorted(refused, key=lambda k: (-refused[k], k))]
         return render("plan.refused", lang, what=render("plan.refused_separator", lang).join(what))
     if not overflows:
         return render("plan.no_layout", lang)

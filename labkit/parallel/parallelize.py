@@ -225,25 +225,14 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
                     v: int = 1) -> ParallelModel:
     """Shard labkit's GPT ``model`` over ``mesh`` (``dims.build_mesh``) and return its :class:`ParallelModel`.
 
-    ``dims``: a :class:`ParallelDims` with the keywords below, or a ``RunConfig`` (precision "fp32"
-    and attention "eager": the model's own dtype and attention), which gives them all.
-
-    Every rank passes the same seeded model (checked). In order: tensor parallelism over "tp"
-    (``sequence_parallel``: LayerNorms and dropout on sequence shards), the pipeline's layer
-    ranges over "pp" cut by the unsharded model's parameters (``schedule`` of
-    :data:`labkit.pipeline.SCHEDULES`, ``num_microbatches`` m, ``v`` chunks per rank), the
-    blocks checkpointed by ``checkpoint`` (:data:`CHECKPOINTS`), then over "dp" plain data
-    parallelism (``zero_stage=0``, :class:`labkit.data_parallel.DataParallelBucketed`) or ZeRO
-    stage 1, 2 or 3 (:mod:`labkit.zero`).
-
-    Refused with a ValueError: ``sequence_parallel`` without tp > 1, and what
-    :data:`labkit.parallel.compose.NOT_COMPOSED` names. Context parallelism (over "cp", after
-    tensor parallelism) composes with every technique here, the pipeline's chunks running the
-    ring (:mod:`.context`); ZeRO shards over the dp x cp ranks that hold the same parameters.
-    ZeRO-2 and ZeRO-3 compose with the pipeline (ZeRO-3 wraps each chunk; the tied embedding's
-    shards line up at the two ends, which sum them), with sequence parallelism (its sum over "tp"
-    taken on the shards), :mod:`.zero3`, and with checkpointing (inside ZeRO-3's units).
-    Experts: data parallelism, ZeRO-1 and ``dims.ep_size`` (:mod:`.experts`); the rest refused.
+    ``dims``: a :class:`ParallelDims` with the keywords, or a ``RunConfig`` (precision "fp32",
+    attention "eager") that gives them all. Every rank passes the same seeded model (checked). In
+    order, as the module docstring says: tensor (and sequence) parallelism over "tp", context
+    parallelism over "cp", the pipeline over "pp" (``schedule``, ``num_microbatches`` m, ``v``),
+    ``checkpoint`` (:data:`CHECKPOINTS`; under ZeRO-3 inside its units), then plain data
+    parallelism or ZeRO stage 1-3 over the dp x cp ranks that hold the same parameters; experts
+    over "ep" with data parallelism and ZeRO-1 (:mod:`.experts`). Refused with a ValueError:
+    sequence parallelism without tp > 1, and :data:`labkit.parallel.compose.NOT_COMPOSED`.
     """
     if isinstance(dims, RunConfig):
         if (sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v) != (False, 0, "none", "1f1b", 1, 1):
