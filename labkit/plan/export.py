@@ -507,7 +507,7 @@ def to_fsdp2(plan) -> str:
                                    stages=run.pp_size * run.v, stage_arg="[stage]" if run.v > 1 else "stage")
         _note("FSDP2", "the pipeline's mesh axis and each stage's module are yours to cut (torch.distributed."
               "pipelining); fully_shard under a pipeline keeps reshard_after_forward as given")
-    if run.precision == "bf16-mixed":
+    if run.precision == "bf16-mixed" and run.zero_stage == 3:
         _note("FSDP2", "fully_shard keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes a "
               "parameter, the plan's 2 + 2 + 4 + 8 arranged differently)")
     return text
