@@ -66,6 +66,12 @@ def _megatron_flags(args: list) -> dict:
     return out
 
 
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def _typed(cls, name, value):
     import dataclasses
     import typing
@@ -114,7 +120,10 @@ def megatron_case(args: list, world: dict) -> dict:
     config = TransformerConfig(bf16="bf16" in flags, fp16="fp16" in flags, **t)
     ddp = DistributedDataParallelConfig(**kw[DistributedDataParallelConfig],
                                         grad_reduce_in_fp32="bf16" in flags and "grad_reduce_in_bf16" not in flags)
-    OptimizerConfig(**kw[OptimizerConfig])
+    opt = dict(kw[OptimizerConfig])
+    if opt.pop("use_precision_aware_optimizer", None) and not _has("transformer_engine"):
+        pass  # its __post_init__ asks Transformer Engine's version, which has no CPU build: the name is checked
+    OptimizerConfig(**opt)
     ps.initialize_model_parallel(config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
                                  config.virtual_pipeline_model_parallel_size,
                                  context_parallel_size=config.context_parallel_size,

@@ -225,7 +225,7 @@ def _megatron_memory(run: RunConfig) -> list:
     args = {"none": [], "selective": ["--recompute-granularity", "selective"],
             "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
                      "--recompute-num-layers", "1"]}[run.recompute]
-    if run.zero_stage == 1:
+    if run.zero_stage == 1 or run.offload:
         args.append("--use-distributed-optimizer")
     elif run.zero_stage >= 2:
         strategy = {2: "optim_grads", 3: "optim_grads_params"}[run.zero_stage]
@@ -234,10 +234,11 @@ def _megatron_memory(run: RunConfig) -> list:
             _refuse("Megatron-LM", "reshard_after_forward=False: Megatron-FSDP has no such switch")
     if run.offload_params:
         _refuse("Megatron-LM", "offload_params=True: it offloads the optimizer only (--optimizer-cpu-offload)")
-    if run.offload:
-        args += (["--use-distributed-optimizer"] if run.zero_stage == 0 else []) + ["--optimizer-cpu-offload"]
+    if run.offload:  # its hybrid-device optimizer runs on the precision-aware optimizer's code path
+        args += ["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
         _note("Megatron-LM", "--optimizer-cpu-offload moves the optimizer states and fp32 master weights to the "
-              "CPU and keeps the gradients on the GPU (the plan offloads its gradients too)")
+              "CPU, over the distributed optimizer, and keeps the gradients on the GPU (the plan, ZeRO-Offload, "
+              "moves its gradients too)")
     if run.precision == "bf16":
         _refuse("Megatron-LM", "precision='bf16' (no fp32 master copy)")
     args += {"bf16-mixed": ["--bf16", "--grad-reduce-in-bf16"], "bf16-mixed-fp32-grads": ["--bf16"],
@@ -254,9 +255,13 @@ def _megatron_model(shape) -> list:
             str(shape.seq_len), "--vocab-size", str(shape.vocab_size)]
     if shape.kv_heads != shape.n_head:
         args += ["--group-query-attention", "--num-query-groups", str(shape.kv_heads)]
+    pos = {"rope": "rope", "learned": "learned_absolute"}.get(shape.pos)
+    if pos is None or shape.mlp not in ("swiglu", "gelu") or shape.norm not in ("rmsnorm", "layernorm"):
+        _refuse("Megatron-LM", f"this shape's model flags here (pos={shape.pos!r}, mlp={shape.mlp!r}, "
+                f"norm={shape.norm!r}): give shape=None and add them")
     args += (["--swiglu"] if shape.mlp == "swiglu" else []) + (["--normalization", "RMSNorm"]
                                                                if shape.norm == "rmsnorm" else [])
-    args += (["--position-embedding-type", "rope"] if shape.pos == "rope" else [])
+    args += ["--position-embedding-type", pos]
     args += ([] if shape.tie_embeddings else ["--untie-embeddings-and-output-weights"])
     return args + ([] if shape.bias else ["--disable-bias-linear"])
 
@@ -382,6 +387,9 @@ def to_accelerate(plan, *, gradient_clipping: float = 1.0) -> dict:
         _refuse("accelerate", f"precision={run.precision!r}: mixed_precision is bf16, fp16 or no")
     if run.offload and run.zero_stage == 3 and not run.offload_params:
         _refuse("accelerate", "offload without offload_params under FSDP (fsdp_offload_params moves all states)")
+    if (run.tp_size > 1 or run.cp_size > 1) and run.zero_stage != 3:
+        _refuse("accelerate", f"tp_size={run.tp_size}, cp_size={run.cp_size} with zero_stage={run.zero_stage}: "
+                "its parallelism_config composes TP and CP with FSDP2 (zero_stage=3)")
     if run.recompute == "selective" or (run.recompute == "full" and run.zero_stage != 3):
         _refuse("accelerate", f"recompute={run.recompute!r} here: fsdp_activation_checkpointing (full, under "
                 "FSDP) is its switch; otherwise model.gradient_checkpointing_enable()")
@@ -445,6 +453,10 @@ def parallelize(model, device_type="cuda"):
 '''
 
 _FSDP2_BODY = '''\
+    if TP > 1 and {sp}:  # the sequence stays split between blocks: embeddings out, final norm, head in
+        parallelize_module(model, mesh["tp"], {{
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(), "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}})
     for i, block in enumerate(model.layers):
         if TP > 1:
             parallelize_module(block, mesh["tp"], tp_plan({sp}))
