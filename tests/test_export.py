@@ -10,7 +10,6 @@ ranks against the same model unsharded. vLLM's parser is not run here (its CPU b
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
