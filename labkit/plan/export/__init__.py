@@ -74,7 +74,8 @@ def _pairs(args: list):
     i = 0
     while i < len(args):
         yield i
-        i += 2 if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("-") else 1
+        value = i + 1 < len(args) and not args[i + 1].startswith("-") and ":" not in args[i + 1]  # not a subcommand
+        i += 2 if args[i].startswith("--") and value else 1
 
 
 def _yaml(value, indent: int = 0) -> str:
@@ -111,4 +112,10 @@ def export_best(plans, engine: str, **options) -> tuple:
             if str(e).startswith("engine="):
                 raise
             refusals.append(str(e))
-    raise ValueError(f"none of the {len(refusals)} plans: " + (refusals[0] if refusals else "no plans"))
+    if not refusals:
+        raise ValueError("plans=[] holds no plan to export")
+    counts = {}
+    for why in refusals:
+        counts[why] = counts.get(why, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:3]
+    raise ValueError(f"none of the {len(refusals)} plans; " + "; ".join(f"{n} plans: {why}" for why, n in top))

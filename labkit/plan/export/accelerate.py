@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...parallel.config import RunConfig
+from ...validate import check_int
 from ._common import clip, note, refuse, run_of
 
 __all__ = ["to_accelerate", "MAPPING"]
@@ -30,10 +31,14 @@ def _accelerate_deepspeed(run: RunConfig, max_norm: float) -> dict:
             "offload_param_device": "none", "zero3_init_flag": False}
 
 
-def to_accelerate(plan, *, gradient_clipping: float = 1.0) -> dict:
+def to_accelerate(plan, *, gpus_per_node: int = 8, gradient_clipping: float = 1.0) -> dict:
     """An ``accelerate`` config (the YAML of ``accelerate config``, as a dict): FSDP2 for ZeRO-3,
     its DeepSpeed plugin for ZeRO-1/2, DDP for ZeRO-0; TP and CP in ``parallelism_config``."""
     run, max_norm = run_of(plan), clip(gradient_clipping)
+    check_int("gpus_per_node", gpus_per_node, 1)
+    if run.sequence_parallel:
+        refuse("accelerate", "sequence_parallel=True: its tensor parallelism (the model's tp_plan) has no "
+               "switch for it")
     if run.pp_size > 1:
         refuse("accelerate", f"pp_size={run.pp_size}: it trains without pipeline parallelism")
     if run.precision in ("bf16", "bf16-mixed-fp32-grads"):
@@ -46,7 +51,8 @@ def to_accelerate(plan, *, gradient_clipping: float = 1.0) -> dict:
     if run.recompute == "selective" or (run.recompute == "full" and run.zero_stage != 3):
         refuse("accelerate", f"recompute={run.recompute!r} here: fsdp_activation_checkpointing (full, under "
                 "FSDP) is its switch; otherwise model.gradient_checkpointing_enable()")
-    cfg = {"compute_environment": "LOCAL_MACHINE", "num_machines": 1, "num_processes": run.world_size,
+    machines = -(-run.world_size // gpus_per_node)
+    cfg = {"compute_environment": "LOCAL_MACHINE", "num_machines": machines, "num_processes": run.world_size,
            "machine_rank": 0, "main_training_function": "main", "use_cpu": False, "rdzv_backend": "static",
            "same_network": True, "mixed_precision": {"bf16-mixed": "bf16", "fp16-mixed": "fp16",
                                                      "fp32": "no"}[run.precision]}
@@ -62,6 +68,9 @@ def to_accelerate(plan, *, gradient_clipping: float = 1.0) -> dict:
                                      "parallelism_config_dp_shard_size": shard,
                                      "parallelism_config_tp_size": run.tp_size,
                                      "parallelism_config_cp_size": run.cp_size}
+    if machines > 1:
+        note("accelerate", f"{machines} machines of {gpus_per_node}: each sets its machine_rank, and "
+             "main_process_ip and main_process_port name the first")
     note("accelerate", f"micro-batch {run.micro_batch} is the DataLoader's batch_size and "
           f"Accelerator(gradient_accumulation_steps={run.num_microbatches}); clip with "
           f"accelerator.clip_grad_norm_(params, {max_norm})")

@@ -64,18 +64,18 @@ def _megatron_memory(run: RunConfig) -> list:
 
 
 def _megatron_model(shape) -> list:
-    """The model's own flags (a dense Llama-style block), when the shape is given."""
-    if getattr(shape, "n_experts", 0) or getattr(shape, "kv_lora_rank", 0):
-        refuse("Megatron-LM", "this shape's model flags here (experts, MLA): give shape=None and add them")
+    """The model's own flags for a dense GPT or Llama block; for any other, none, and a note saying so."""
+    pos = {"rope": "rope", "learned": "learned_absolute"}.get(shape.pos)
+    beyond = list(shape.features()) + ([] if pos else [f"pos={shape.pos!r}"]) + (
+        [] if shape.mlp in ("swiglu", "gelu") else [f"mlp={shape.mlp!r}"])
+    if beyond:
+        note("Megatron-LM", f"the model's own flags are not written for this shape ({', '.join(beyond)}): add them")
+        return []
     args = ["--num-layers", str(shape.n_layer), "--hidden-size", str(shape.d_model), "--ffn-hidden-size",
             str(shape.d_ff), "--num-attention-heads", str(shape.n_head), "--max-position-embeddings",
             str(shape.seq_len), "--vocab-size", str(shape.vocab_size)]
     if shape.kv_heads != shape.n_head:
         args += ["--group-query-attention", "--num-query-groups", str(shape.kv_heads)]
-    pos = {"rope": "rope", "learned": "learned_absolute"}.get(shape.pos)
-    if pos is None or shape.mlp not in ("swiglu", "gelu") or shape.norm not in ("rmsnorm", "layernorm"):
-        refuse("Megatron-LM", f"this shape's model flags here (pos={shape.pos!r}, mlp={shape.mlp!r}, "
-                f"norm={shape.norm!r}): give shape=None and add them")
     args += (["--swiglu"] if shape.mlp == "swiglu" else []) + (["--normalization", "RMSNorm"]
                                                                if shape.norm == "rmsnorm" else [])
     args += ["--position-embedding-type", pos]
