@@ -5,7 +5,7 @@ DeepSpeed's ``DeepSpeedConfig`` (with the plan's data-parallel degree as its wor
 ``ParallelDims``, and accelerate's config loader and plugins read every emitted configuration of
 Chapter 9's worked cases and of a small grid (tests/engine_checks.py, one process an engine, in
 ``.venv-engines`` when it exists: requirements-engines.txt). FSDP2's script body runs on 2 gloo
-ranks against the same model unsharded. vLLM's parser is not run here (its CPU build is 3.5 GB).
+ranks (and 4, dp x tp) against the same model unsharded. vLLM's parser is not run here (its CPU build is 3.5 GB).
 """
 
 from __future__ import annotations
@@ -183,15 +183,17 @@ def test_accelerate_loads_the_yaml_and_its_plugins_accept_it():
 @pytest.mark.parametrize("run, exact", [
     (RunConfig(dp_size=2, seq_len=16, zero_stage=3, recompute="full", precision="fp32"), True),
     (RunConfig(tp_size=2, seq_len=16, sequence_parallel=True, precision="fp32"), True),
-    (RunConfig(dp_size=2, seq_len=16, zero_stage=3), False)], ids=["zero3-recompute", "tp-sp", "zero3-bf16"])
+    (RunConfig(dp_size=2, seq_len=16, zero_stage=3), False),
+    (RunConfig(dp_size=2, tp_size=2, seq_len=16, zero_stage=3, recompute="full", sequence_parallel=True,
+               precision="fp32"), True)], ids=["zero3-recompute", "tp-sp", "zero3-bf16", "2d-zero3-tp-sp"])
 def test_fsdp2_script_trains_like_the_unsharded_model(run, exact):
     from labkit.dist import launch
 
     sys.path.insert(0, str(ROOT / "tests"))
     from export_fsdp2_workers import run_emitted
 
-    for r in launch(run_emitted, 2, to_fsdp2(run), backend="gloo", timeout_s=60):
-        assert r["mesh"] == [run.dp_size, run.tp_size]
+    for r in launch(run_emitted, run.world_size, to_fsdp2(run), backend="gloo", timeout_s=60):
+        assert r["mesh"] == [run.pp_size, run.dp_size, run.tp_size]
         assert r["local_params"] < r["params"]  # sharded: each rank holds a part
         if exact:  # fp32: only the reduction order differs from the unsharded step
             assert abs(r["loss"] - r["ref_loss"]) < 1e-5 and r["step_err"] < 1e-5, r

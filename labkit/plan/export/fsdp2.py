@@ -45,33 +45,44 @@ def tp_plan(sequence_parallel):
 def parallelize(model, device_type="cuda"):
     """TP (+SP), then activation checkpointing, then FSDP: torchtitan's order. ``model.layers``
     holds the blocks; attention's heads are split over TP (set each block's local head count)."""
-    mesh = init_device_mesh(device_type, (DP, TP), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(device_type, (PP, DP, TP), mesh_dim_names=("pp", "dp", "tp"))
 '''
 
-_FSDP2_BODY = '''\
-    if TP > 1 and {sp}:  # the sequence stays split between blocks: embeddings out, final norm, head in
-        parallelize_module(model, mesh["tp"], {{
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(), "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())}})
-    for i, block in enumerate(model.layers):
-        if TP > 1:
-            parallelize_module(block, mesh["tp"], tp_plan({sp}))
-        if {ckpt}:
-            block = model.layers[i] = checkpoint_wrapper(block)
-        if {shard}:
-            fully_shard(block, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward={reshard}{offload})
-    if {shard}:
-        fully_shard(model, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward={reshard}{offload})
-    return model, mesh
+_FSDP2_SP = '''\
+    # the sequence stays split between blocks: the embeddings' output, the final norm, the head's input
+    parallelize_module(model, mesh["tp"], {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(), "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
 '''
+
+
+def _fsdp2_body(run: RunConfig) -> str:
+    """The body of ``parallelize``: only the steps this plan takes (TP, SP, checkpointing, FSDP)."""
+    shard = (f"mesh=mesh[\"dp\"], mp_policy=mp, reshard_after_forward={run.reshard_after_forward}"
+             + (", offload_policy=CPUOffloadPolicy()" if run.offload_params else ""))
+    lines = [_FSDP2_SP] if run.tp_size > 1 and run.sequence_parallel else []
+    lines.append("    for i, block in enumerate(model.layers):\n")
+    if run.tp_size > 1:
+        lines.append(f"        parallelize_module(block, mesh[\"tp\"], tp_plan({run.sequence_parallel}))\n")
+    if run.recompute == "full":
+        lines.append("        block = model.layers[i] = checkpoint_wrapper(block)\n")
+    if run.zero_stage == 3:
+        lines.append(f"        fully_shard(block, {shard})\n")
+        lines.append(f"    fully_shard(model, {shard})\n")
+    elif lines[-1].startswith("    for "):
+        lines.pop()
+    return "".join(lines) + "    return model, mesh\n"
+
 
 _FSDP2_PIPE = '''
 
-def pipeline(stage_module, stage_index, pp_group, loss_fn):
-    """Stage ``stage_index`` of {pp} ({v} a rank), run by {cls} over {m} micro-batches."""
+def pipeline(stage_modules, mesh, loss_fn, device="cuda"):
+    """This rank's {v} stage(s) of {stages} (module k is stage k x PP + its pp rank), run by {cls}."""
     from torch.distributed.pipelining import PipelineStage, {cls}
-    stage = PipelineStage(stage_module, stage_index, {stages}, torch.device("cuda"), group=pp_group)
-    return {cls}({stage_arg}, n_microbatches={m}, loss_fn=loss_fn)
+    rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
+    stages = [PipelineStage(module, k * PP + rank, {stages}, torch.device(device), group=group)
+              for k, module in enumerate(stage_modules)]
+    return {cls}(stages if len(stages) > 1 else stages[0], n_microbatches={m}, loss_fn=loss_fn)
 '''
 
 
@@ -106,15 +117,12 @@ def to_fsdp2(plan) -> str:
     text = _FSDP2_HEAD.format(summary=summary, dp=run.dp_size, tp=run.tp_size, pp=run.pp_size, b=run.micro_batch,
                               m=run.num_microbatches, s=run.seq_len)
     text += f"    mp = {mp[run.precision]}\n"
-    text += _FSDP2_BODY.format(sp=run.sequence_parallel, ckpt=run.recompute == "full", shard=run.zero_stage == 3,
-                               reshard=run.reshard_after_forward,
-                               offload=", offload_policy=CPUOffloadPolicy()" if run.offload_params else "")
+    text += _fsdp2_body(run)
     if run.pp_size > 1:
         cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}[run.schedule]
-        text += _FSDP2_PIPE.format(pp=run.pp_size, v=run.v, cls=cls, m=run.num_microbatches,
-                                   stages=run.pp_size * run.v, stage_arg="[stage]" if run.v > 1 else "stage")
-        note("FSDP2", "the pipeline's mesh axis and each stage's module are yours to cut (torch.distributed."
-              "pipelining); fully_shard under a pipeline keeps reshard_after_forward as given")
+        text += _FSDP2_PIPE.format(v=run.v, cls=cls, m=run.num_microbatches, stages=run.pp_size * run.v)
+        note("FSDP2", "each stage's module (its share of model.layers) is yours to cut; fully_shard under a "
+             "pipeline keeps reshard_after_forward as given")
     if run.precision == "bf16-mixed" and run.zero_stage == 3:
         note("FSDP2", "fully_shard keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes a "
               "parameter, the plan's 2 + 2 + 4 + 8 arranged differently)")
