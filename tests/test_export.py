@@ -256,3 +256,21 @@ def test_cli_emits_the_best_plan_the_engine_expresses(tmp_path):
     assert out.returncode == 0 and target.read_text().startswith("vllm serve")
     bad = _cli(*base, "--emit", "vllm")
     assert bad.returncode == 2 and "--emit: invalid choice: 'vllm'" in bad.stderr
+
+
+def test_chapter_9_shows_what_the_exporters_emit():
+    """Each configuration block of Chapter 9's "From a plan to your engine" is the exporter's output
+    (or, for FSDP2's script, a part of it), so the chapter cannot drift from the code."""
+    import re
+
+    text = (ROOT / "chapters" / "09_planning.md").read_text(encoding="utf-8")
+    section = text.split("## From a plan to your engine")[1].split("\n## ")[0]
+    blocks = re.findall(r"```(?:text|json|python|yaml)\n(.*?)\n```", section, re.S)
+    offload = plan_training("llama-2-7b", gpu="a100-80gb", num_gpus=1, seq_len=4096, global_batch=16,
+                            offload=(True,)).plans[0]
+    served = plan_serving("llama-3-8b", gpu="a100-80gb", context_len=4096).plans[0]
+    emitted = [export_best(PLANS_70B, e)[1].text for e in ("megatron", "deepspeed", "torchtitan", "fsdp2")] + [
+        export(offload, "accelerate").text, export(served, "vllm", model="meta-llama/Meta-Llama-3-8B").text]
+    assert len(blocks) == len(emitted) == 6
+    for block, want in zip(blocks, emitted):
+        assert block in want, f"the chapter's block is not what the exporter writes now:\n{block}\n---\n{want}"
