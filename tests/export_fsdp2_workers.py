@@ -89,3 +89,55 @@ def run_emitted(rank: int, world_size: int, script: str) -> dict:
                    for n in after)
     return {"loss": float(loss), "ref_loss": float(ref_loss), "local_params": local,
             "params": sum(p.numel() for p in reference.parameters()), "mesh": list(mesh.shape), "step_err": step_err}
+
+
+class _First(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.tok_embeddings, self.block = model.tok_embeddings, model.layers[0]
+
+    def forward(self, tokens):
+        return self.block(self.tok_embeddings(tokens))
+
+
+class _Last(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.block, self.norm, self.output = model.layers[1], model.norm, model.output
+
+    def forward(self, x):
+        return self.output(self.norm(self.block(x)))
+
+
+def run_emitted_pipeline(rank: int, world_size: int, script: str) -> dict:
+    """Two pipeline stages from ``script``'s mesh and ``pipeline()``: the micro-batches' mean loss
+    and each stage's gradients, against the same model run whole."""
+    torch.manual_seed(0)
+    reference = TinyLlama()
+    tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    ref_loss = F.cross_entropy(reference(x).reshape(-1, VOCAB), y.reshape(-1))
+    ref_loss.backward()
+    namespace = {}
+    exec(compile(script, "<to_fsdp2>", "exec"), namespace)
+    model = TinyLlama()
+    model.load_state_dict(reference.state_dict())
+    model, mesh = namespace["parallelize"](model, device_type="cpu")
+    stage = _First(model) if rank == 0 else _Last(model)
+
+    def loss_fn(logits, target):
+        return F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+
+    schedule = namespace["pipeline"]([stage], mesh, loss_fn, device="cpu")
+    losses = []
+    if rank == 0:
+        schedule.step(x)
+    else:
+        schedule.step(target=y, losses=losses)
+    m = namespace["NUM_MICROBATCHES"]
+    ref = dict(reference.named_parameters())
+    names = {n: p for n, p in model.named_parameters() if any(p is q for q in stage.parameters())}
+    # each micro-batch's loss is its own mean, and the schedule divides the summed gradients by m
+    grad_err = max(float((p.grad - ref[n].grad).abs().max()) for n, p in names.items())
+    return {"loss": float(sum(losses).detach() / m) if losses else None, "ref_loss": float(ref_loss.detach()),
+            "grad_err": grad_err, "mesh": list(mesh.shape), "stages": len(names)}

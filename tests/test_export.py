@@ -5,7 +5,7 @@ DeepSpeed's ``DeepSpeedConfig`` (with the plan's data-parallel degree as its wor
 ``ParallelDims``, and accelerate's config loader and plugins read every emitted configuration of
 Chapter 9's worked cases and of a small grid (tests/engine_checks.py, one process an engine, in
 ``.venv-engines`` when it exists: requirements-engines.txt). FSDP2's script body runs on 2 gloo
-ranks (and 4, dp x tp) against the same model unsharded. vLLM's parser is not run here (its CPU build is 3.5 GB).
+ranks (and 4, dp x tp; and its pipeline on 2 stages) against the same model unsharded. vLLM's parser is not run here (its CPU build is 3.5 GB).
 """
 
 from __future__ import annotations
@@ -274,3 +274,21 @@ def test_chapter_9_shows_what_the_exporters_emit():
     assert len(blocks) == len(emitted) == 6
     for block, want in zip(blocks, emitted):
         assert block in want, f"the chapter's block is not what the exporter writes now:\n{block}\n---\n{want}"
+
+
+@pytest.mark.xdist_group("dist:export_fsdp2")
+@pytest.mark.parametrize("m", [2, 1], ids=["1f1b", "gpipe"])
+def test_fsdp2_script_pipeline_matches_the_whole_model(m):
+    """The script's (pp, dp, tp) mesh and pipeline() on 2 stages: the micro-batches' loss and every
+    stage's gradients equal the whole model's (fp32; only the sums' order differs)."""
+    from labkit.dist import launch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from export_fsdp2_workers import run_emitted_pipeline
+
+    run = RunConfig(pp_size=2, num_microbatches=m, micro_batch=2 // m, seq_len=16, precision="fp32")
+    assert run.schedule == {2: "1f1b", 1: "gpipe"}[m]
+    first, last = launch(run_emitted_pipeline, 2, to_fsdp2(run), backend="gloo", timeout_s=60)
+    assert first["mesh"] == last["mesh"] == [2, 1, 1] and first["stages"] + last["stages"] == 21
+    assert abs(last["loss"] - last["ref_loss"]) < 1e-5
+    assert first["grad_err"] < 1e-5 and last["grad_err"] < 1e-5, (first, last)
