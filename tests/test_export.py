@@ -76,7 +76,8 @@ def _expressed(engine: str, **options) -> list:
     out = []
     for name, plans in WORKED.items():
         try:
-            _, x, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine == "megatron" else options))
+            _, x, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine in ("megatron", "torchtitan")
+                                                    else options))
             out.append((name, plans[0].run if hasattr(plans[0], "run") else plans[0], x.config))
         except ValueError as e:
             assert str(e).lower().find(engine[:4]) >= 0, e  # the refusal names the engine
@@ -111,7 +112,7 @@ def _run_of(name, config, engine) -> RunConfig:
     if name.startswith("grid"):
         return GRID[int(name[4:])]
     plans = WORKED[name]
-    i, _, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine == "megatron" else {}))
+    i, _, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine in ("megatron", "torchtitan") else {}))
     return getattr(plans[i], "run", plans[i])
 
 
@@ -144,7 +145,7 @@ def test_megatron_core_reads_back_the_degrees_batch_and_zero():
 
 
 def test_torchtitan_parses_the_overrides_and_builds_the_same_mesh():
-    cases = [(n, _run_of(n, c, "torchtitan"), c) for n, _, c in _expressed("torchtitan")]
+    cases = [(n, _run_of(n, c, "torchtitan"), c) for n, _, c in _expressed("torchtitan", shape=PRESETS["llama-3-8b"])]
     got = _ask("torchtitan", [{"config": c, "world": {"world_size": r.world_size}} for _, r, c in cases] +
                [{"config": cases[0][2] + ["--parallelism.tensor-parallel-degre", "2"], "world": {"world_size": 8}}])
     assert len(cases) >= 4, [n for n, _, _ in cases]
@@ -269,7 +270,8 @@ def test_chapter_9_shows_what_the_exporters_emit():
     offload = plan_training("llama-2-7b", gpu="a100-80gb", num_gpus=1, seq_len=4096, global_batch=16,
                             offload=(True,)).plans[0]
     served = plan_serving("llama-3-8b", gpu="a100-80gb", context_len=4096).plans[0]
-    emitted = [export_best(PLANS_70B, e)[1].text for e in ("megatron", "deepspeed", "torchtitan", "fsdp2")] + [
+    emitted = [export_best(PLANS_70B, e, **({"shape": PRESETS["llama-3-70b"]} if e == "torchtitan" else {}))[1].text
+               for e in ("megatron", "deepspeed", "torchtitan", "fsdp2")] + [
         export(offload, "accelerate").text, export(served, "vllm", model="meta-llama/Meta-Llama-3-8B").text]
     assert len(blocks) == len(emitted) == 6
     for block, want in zip(blocks, emitted):

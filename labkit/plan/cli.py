@@ -210,7 +210,7 @@ def _emit_config(args, fail, result, shape, read) -> int:
     """Print (or write to --out) the configuration --emit names, of the best plan it expresses."""
     if args.out is not None and args.json:
         fail("--out writes the configuration alone: give it without --json")
-    options = {"megatron": {"shape": shape}, "vllm": {"model": args.model or args.config},
+    options = {"megatron": {"shape": shape}, "torchtitan": {"shape": shape}, "vllm": {"model": args.model or args.config},
                "accelerate": {"gpus_per_node": getattr(args, "gpus_per_node", 8)}}.get(args.emit, {})
     try:
         index, out, refused = export_best(result.plans, args.emit, **options)

@@ -71,7 +71,7 @@ def to_accelerate(plan, *, gpus_per_node: int = 8, gradient_clipping: float = 1.
     if machines > 1:
         note("accelerate", f"{machines} machines of {gpus_per_node}: each sets its machine_rank, and "
              "main_process_ip and main_process_port name the first")
-    note("accelerate", f"micro-batch {run.micro_batch} is the DataLoader's batch_size and "
+    note("accelerate", f"micro-batch {run.micro_batch} of {run.seq_len} tokens is the DataLoader's batch_size and "
           f"Accelerator(gradient_accumulation_steps={run.num_microbatches}); clip with "
           f"accelerator.clip_grad_norm_(params, {max_norm})")
     return cfg

@@ -91,5 +91,6 @@ def to_deepspeed(plan, *, gradient_clipping: float = 1.0) -> dict:
               "DeepSpeed's config has no switch for it")
     if run.attention == "eager":
         note("DeepSpeed", "attention='eager' is the model's code: DeepSpeed has no attention setting")
-    note("DeepSpeed", "the learning rate and its schedule are yours: optimizer.params, scheduler")
+    note("DeepSpeed", f"the learning rate and its schedule are yours (optimizer.params, scheduler), and the "
+         f"{run.seq_len}-token sequences your data loader's")
     return cfg

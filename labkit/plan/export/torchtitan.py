@@ -41,17 +41,24 @@ def _titan_dp(run: RunConfig) -> list:
         ["--training.enable-cpu-offload"] if run.offload_params else [])
 
 
-def _titan_pipeline(run: RunConfig) -> list:
+def _titan_pipeline(run: RunConfig, shape) -> list:
+    """Pipeline flags; with v > 1 the layers a virtual stage holds, L / (p v), from ``shape``."""
     if run.pp_size == 1:
         return []
     schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[run.schedule]
     note("torchtitan", "it splits the layers counting the embedding and the output as a layer each "
-          "(first/last stage less layers 1) unless told 0, as here: the plan's stages")
-    return ["--parallelism.pipeline-parallel-degree", str(run.pp_size),
+         "(first/last stage less layers 1) unless told 0, as here: the plan's stages")
+    args = ["--parallelism.pipeline-parallel-degree", str(run.pp_size),
             "--parallelism.pipeline-parallel-schedule", schedule,
             "--parallelism.pipeline-parallel-microbatch-size", str(run.micro_batch),
             "--parallelism.pipeline-parallel-first-stage-less-layers", "0",
             "--parallelism.pipeline-parallel-last-stage-less-layers", "0"]
+    if run.v > 1:
+        if shape is None:
+            refuse("torchtitan", f"v={run.v} without the model's layer count: it takes 2 stages a rank unless "
+                   "--parallelism.pipeline-parallel-layers-per-stage says otherwise (give shape=)")
+        args += ["--parallelism.pipeline-parallel-layers-per-stage", str(shape.n_layer // (run.pp_size * run.v))]
+    return args
 
 
 def _titan_precision(run: RunConfig) -> list:
@@ -66,9 +73,10 @@ def _titan_precision(run: RunConfig) -> list:
     return ["--training.mixed-precision-param", "bfloat16", "--training.mixed-precision-reduce", "float32"]
 
 
-def to_torchtitan(plan, *, module: str | None = None, config: str | None = None,
+def to_torchtitan(plan, *, shape=None, module: str | None = None, config: str | None = None,
                   gradient_clipping: float = 1.0) -> list:
-    """torchtitan 0.3.0's command-line overrides (``--module``/``--config`` first when given)."""
+    """torchtitan 0.3.0's command-line overrides (``--module``/``--config`` first when given;
+    ``shape``, a ``ModelShape``, sizes an interleaved pipeline's virtual stages)."""
     run = run_of(plan)
     if run.attention == "eager":
         refuse("torchtitan", "attention='eager': its attention (FlexAttention, varlen) never stores the scores")
@@ -79,7 +87,7 @@ def to_torchtitan(plan, *, module: str | None = None, config: str | None = None,
         "--parallelism.tensor-parallel-degree", str(run.tp_size),
         "--parallelism." + ("" if run.sequence_parallel or run.tp_size == 1 else "no-") + "enable-sequence-parallel",
         "--parallelism.context-parallel-degree", str(run.cp_size),
-        "--parallelism.expert-parallel-degree", str(run.ep_size), *_titan_pipeline(run),
+        "--parallelism.expert-parallel-degree", str(run.ep_size), *_titan_pipeline(run, shape),
         "--training.local-batch-size", str(local), "--training.global-batch-size", str(run.global_batch),
         "--training.seq-len", str(run.seq_len), "--training.max-norm", str(clip(gradient_clipping)),
         *_titan_precision(run)]
@@ -88,6 +96,9 @@ def to_torchtitan(plan, *, module: str | None = None, config: str | None = None,
     if run.recompute == "selective":
         note("torchtitan", "its selective mode is per-op (it saves every other matmul's output), not the plan's "
               "attention-only recomputation: its activations differ")
+    if run.optimizer != "adamw":
+        note("torchtitan", f"optimizer={run.optimizer!r} is the --config function's param_groups (torchtitan's "
+             "own configs take AdamW)")
     if not run.overlap_grad_reduce and run.dp_size > 1:
         note("torchtitan", "FSDP and DDP always overlap the gradient reduction with the backward")
     return args + [f"activation-checkpoint:{run.recompute}"]
