@@ -45,7 +45,8 @@ GRID = [RunConfig(dp_size=8, micro_batch=2, num_microbatches=4, seq_len=2048, ze
               offload_params=True, precision="fp16-mixed"),
     RunConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch=1, num_microbatches=4, v=2, seq_len=2048, zero_stage=3,
               recompute="full", sequence_parallel=True, precision="bf16-mixed-fp32-grads"),
-    RunConfig(dp_size=4, cp_size=2, micro_batch=1, num_microbatches=2, seq_len=4096, zero_stage=1, precision="fp32")]
+    RunConfig(dp_size=4, cp_size=2, micro_batch=1, num_microbatches=2, seq_len=4096, zero_stage=1, precision="fp32"),
+    RunConfig(dp_size=4, tp_size=2, micro_batch=1, num_microbatches=2, seq_len=2048, zero_stage=3, optimizer="adam")]
 
 
 def _engine_python(engine: str) -> str:
