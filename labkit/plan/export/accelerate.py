@@ -36,6 +36,8 @@ def to_accelerate(plan, *, gpus_per_node: int = 8, gradient_clipping: float = 1.
     its DeepSpeed plugin for ZeRO-1/2, DDP for ZeRO-0; TP and CP in ``parallelism_config``."""
     run, max_norm = run_of(plan), clip(gradient_clipping)
     check_int("gpus_per_node", gpus_per_node, 1)
+    if run.ep_size > 1:
+        refuse("accelerate", f"ep_size={run.ep_size}: it has no expert parallelism")
     if run.sequence_parallel:
         refuse("accelerate", "sequence_parallel=True: its tensor parallelism (the model's tp_plan) has no "
                "switch for it")
@@ -72,6 +74,7 @@ def to_accelerate(plan, *, gpus_per_node: int = 8, gradient_clipping: float = 1.
         note("accelerate", f"{machines} machines of {gpus_per_node}: each sets its machine_rank, and "
              "main_process_ip and main_process_port name the first")
     note("accelerate", f"micro-batch {run.micro_batch} of {run.seq_len} tokens is the DataLoader's batch_size and "
-          f"Accelerator(gradient_accumulation_steps={run.num_microbatches}); clip with "
-          f"accelerator.clip_grad_norm_(params, {max_norm})")
+         f"Accelerator(gradient_accumulation_steps={run.num_microbatches}); clip with "
+         f"accelerator.clip_grad_norm_(params, {max_norm}); the optimizer ({run.optimizer}) is yours, through "
+         "accelerator.prepare, and DDP and FSDP overlap the gradient reduction with the backward")
     return cfg

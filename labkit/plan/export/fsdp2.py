@@ -123,6 +123,9 @@ def to_fsdp2(plan) -> str:
         text += _FSDP2_PIPE.format(v=run.v, cls=cls, m=run.num_microbatches, stages=run.pp_size * run.v)
         note("FSDP2", "each stage's module (its share of model.layers) is yours to cut; fully_shard under a "
              "pipeline keeps reshard_after_forward as given")
+    note("FSDP2", f"the optimizer ({run.optimizer}) over model.parameters(), the micro-batches and the model's "
+         f"{'eager' if run.attention == 'eager' else 'fused (SDPA)'} attention are the training loop's; "
+         "fully_shard overlaps the gradient reduction with the backward")
     if run.precision == "bf16-mixed" and run.zero_stage == 3:
         note("FSDP2", "fully_shard keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes a "
               "parameter, the plan's 2 + 2 + 4 + 8 arranged differently)")
