@@ -6,7 +6,8 @@ micro-batch and accumulation fit a model on a cluster, and how many requests a G
 ``steptime``; ``plan_serving`` sizes the KV cache for each tensor-parallel degree with
 ``labkit.estimate.serving_memory``; ``plan_parallelism`` is Chapter 6's planner, a special case
 of ``plan_training`` (``parallelism``). Imports no torch: the same code runs in a browser page.
-``python -m labkit.plan`` is the command line (``cli``).
+``labkit.plan.export`` writes a plan as an engine's configuration (DeepSpeed, Megatron-LM,
+torchtitan, accelerate, FSDP2, vLLM). ``python -m labkit.plan`` is the command line (``cli``).
 """
 
 from .parallelism import NoPlanFits, Plan, plan_memory, plan_parallelism

@@ -16,6 +16,7 @@ from ..hardware import GPUS, get_gpu
 from ..memory.analytic import ATTENTION
 from ..hf_config import FAMILIES, MULTIMODAL
 from ..shapes import PRESETS, ModelShape
+from .export import SERVING_ENGINES, TRAINING_ENGINES, export_best
 from .planner import RECOMPUTE, plan_training
 from .serving import plan_serving
 
@@ -25,7 +26,9 @@ EXAMPLES = """examples:
   python -m labkit.plan train --model llama-3-70b --gpu h100-sxm --num-gpus 64 --seq-len 8192 --global-batch 512
   python -m labkit.plan train --model llama-2-7b --gpu a100-80gb --num-gpus 1 --seq-len 4096 --global-batch 8 --top 3
   python -m labkit.plan train --model llama-3.1-405b --gpu h100-sxm --num-gpus 16384 --seq-len 131072 --global-batch 128 --cp 1,16
+  python -m labkit.plan train --model llama-3-70b --gpu h100-sxm --num-gpus 64 --seq-len 8192 --global-batch 512 --emit megatron
   python -m labkit.plan serve --model llama-3-8b --gpu a100-80gb --context-len 4096
+  python -m labkit.plan serve --model llama-3-8b --gpu a100-80gb --context-len 4096 --emit vllm --out serve.args
   python -m labkit.plan serve --config path/to/config.json --gpu h100-sxm --num-gpus 8 --context-len 8192 --json
   python -m labkit.plan --list-models
   python -m labkit.plan --list-gpus
@@ -89,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also plan combinations labkit's mechanisms do not run yet (marked in --json)")
     train.add_argument("--memory-fraction", type=float, default=0.9,
                        help="share of the GPU's memory a plan may use (default 0.9)")
+    _emit(train, TRAINING_ENGINES)
     serve = sub.add_parser("serve", help="plan a server", epilog=EXAMPLES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(serve)
@@ -101,7 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--block-size", type=int, default=16, help="tokens a KV block (default 16, vLLM's)")
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="share of the GPU's memory the server may use (default 0.9, vLLM's)")
+    _emit(serve, SERVING_ENGINES)
     return parser
+
+
+def _emit(p: argparse.ArgumentParser, engines) -> None:
+    p.add_argument("--emit", choices=engines, help="print the configuration of the best plan this engine "
+                   f"expresses ({', '.join(engines)}; the notes on stderr)")
+    p.add_argument("--out", help="with --emit: write the configuration to this file instead")
 
 
 def _shape(args, fail) -> tuple:
@@ -195,6 +206,32 @@ def _as_flags(message: str, args) -> str:
     return message
 
 
+def _emit_config(args, fail, result, shape, read) -> int:
+    """Print (or write to --out) the configuration --emit names, of the best plan it expresses."""
+    if args.out is not None and args.json:
+        fail("--out writes the configuration alone: give it without --json")
+    options = {"megatron": {"shape": shape}, "torchtitan": {"shape": shape}, "vllm": {"model": args.model or args.config},
+               "accelerate": {"gpus_per_node": getattr(args, "gpus_per_node", 8)}}.get(args.emit, {})
+    try:
+        index, out, refused = export_best(result.plans, args.emit, **options)
+    except ValueError as e:
+        print(f"--emit {args.emit}: {e}", file=sys.stderr)
+        return 1
+    said = [f"plan {index + 1} of {len(result.plans)}" + (f" (the better ones refused: {refused[0]})" if refused
+                                                          else " (the best)")] + out.notes
+    if args.json:
+        print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in result.plans[:args.top]], **read,
+                          "emit": {**out.to_dict(), "plan_index": index, "refused": refused}}, indent=1))
+        return 0
+    if args.out is not None:
+        with open(args.out, "w") as f:
+            f.write(out.text + "\n")
+    else:
+        print(out.text)
+    print("\n".join(f"# {line}" for line in said), file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     from .table import listing, serving_table, shape_lines, shape_summary, training_table
 
@@ -219,6 +256,8 @@ def main(argv=None) -> int:
     except ValueError as e:  # the library's checks name the argument; say it as the flag
         fail(_as_flags(str(e), args))
     shown = result.plans[:args.top]
+    if getattr(args, "emit", None) and result.plans:
+        return _emit_config(args, fail, result, shape, read)
     if args.json:
         assumed = {"assumed": train_assumptions(args)} if args.command == "train" else {}
         print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in shown], **read, **assumed,

@@ -33,6 +33,12 @@ class ServingPlan:
     total_concurrency: int
     bound: str
     estimate: object
+    # what the plan was asked for (labkit.plan.export.to_vllm writes them as vLLM's options)
+    context_len: int | None = None
+    weight_bytes: int = 2
+    kv_bytes: int = 2
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
 
     def to_dict(self) -> dict:
         return {"tp_size": self.tp_size, "replicas": self.replicas, "num_blocks": self.num_blocks,
@@ -79,7 +85,8 @@ def plan_serving(shape, *, gpu, num_gpus: int = 1, context_len: int, weight_byte
         per = est.max_concurrency(context_len) if est.num_blocks else 0
         bound = "weights" if est.num_blocks == 0 else ("max_num_seqs" if per > max_num_seqs else "kv_cache")
         per = min(per, max_num_seqs)
-        plan = ServingPlan(t, num_gpus // t, est.num_blocks, est.max_tokens, per, per * (num_gpus // t), bound, est)
+        plan = ServingPlan(t, num_gpus // t, est.num_blocks, est.max_tokens, per, per * (num_gpus // t), bound, est,
+                           context_len, weight_bytes, kv_bytes, gpu_memory_utilization, max_num_seqs)
         (plans if per else refused).append(plan)
     plans.sort(key=lambda p: (-p.total_concurrency, p.tp_size))
     return ServingPlans(plans, refused, context_len)

@@ -1,0 +1,143 @@
+"""What the ranks of tests/test_export.py's FSDP2 check run: the script ``to_fsdp2`` emits, on a
+tiny Llama with torchtitan's module names, one training step, against the same model unsharded."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, D, HEADS, FF, LAYERS = 64, 32, 4, 64, 2
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(D, D, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        hd = D // HEADS  # heads split over TP: -1 is this rank's count
+        q, k, v = (w(x).view(B, S, -1, hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))  # (B, nh, S, hd)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(B, S, -1))  # (B, S, D)
+
+
+class FeedForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(D, FF, bias=False), nn.Linear(D, FF, bias=False)
+        self.w2 = nn.Linear(FF, D, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(D), nn.RMSNorm(D)
+        self.attention, self.feed_forward = Attention(), FeedForward()
+
+    def forward(self, x):
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class TinyLlama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.norm, self.output = nn.RMSNorm(D), nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.tok_embeddings(tokens)
+        for block in self.layers:
+            x = block(x)
+        return self.output(self.norm(x))
+
+
+def _step(model, tokens):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    return loss.detach().float()
+
+
+def run_emitted(rank: int, world_size: int, script: str) -> dict:
+    """Run ``script``'s ``parallelize`` on a tiny Llama, one AdamW step; report the loss, the
+    reference loss of the same model unsharded, and this rank's parameter elements."""
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    reference = TinyLlama()
+    tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
+    model = TinyLlama()
+    model.load_state_dict(reference.state_dict())
+    ref_loss = _step(reference, tokens)
+    namespace = {}
+    exec(compile(script, "<to_fsdp2>", "exec"), namespace)
+    model, mesh = namespace["parallelize"](model, device_type="cpu")
+    loss = _step(model, tokens)
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+    after = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach() for n, p in model.named_parameters()}
+    ref_after = {n: p.detach() for n, p in reference.named_parameters()}
+    step_err = max(float((after[n] - ref_after[n.replace("_checkpoint_wrapped_module.", "")]).abs().max())
+                   for n in after)
+    return {"loss": float(loss), "ref_loss": float(ref_loss), "local_params": local,
+            "params": sum(p.numel() for p in reference.parameters()), "mesh": list(mesh.shape), "step_err": step_err}
+
+
+class _First(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.tok_embeddings, self.block = model.tok_embeddings, model.layers[0]
+
+    def forward(self, tokens):
+        return self.block(self.tok_embeddings(tokens))
+
+
+class _Last(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.block, self.norm, self.output = model.layers[1], model.norm, model.output
+
+    def forward(self, x):
+        return self.output(self.norm(self.block(x)))
+
+
+def run_emitted_pipeline(rank: int, world_size: int, script: str) -> dict:
+    """Two pipeline stages from ``script``'s mesh and ``pipeline()``: the micro-batches' mean loss
+    and each stage's gradients, against the same model run whole."""
+    torch.manual_seed(0)
+    reference = TinyLlama()
+    tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    ref_loss = F.cross_entropy(reference(x).reshape(-1, VOCAB), y.reshape(-1))
+    ref_loss.backward()
+    namespace = {}
+    exec(compile(script, "<to_fsdp2>", "exec"), namespace)
+    model = TinyLlama()
+    model.load_state_dict(reference.state_dict())
+    model, mesh = namespace["parallelize"](model, device_type="cpu")
+    stage = _First(model) if rank == 0 else _Last(model)
+
+    def loss_fn(logits, target):
+        return F.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+
+    schedule = namespace["pipeline"]([stage], mesh, loss_fn, device="cpu")
+    losses = []
+    if rank == 0:
+        schedule.step(x)
+    else:
+        schedule.step(target=y, losses=losses)
+    m = namespace["NUM_MICROBATCHES"]
+    ref = dict(reference.named_parameters())
+    names = {n: p for n, p in model.named_parameters() if any(p is q for q in stage.parameters())}
+    # each micro-batch's loss is its own mean, and the schedule divides the summed gradients by m
+    grad_err = max(float((p.grad - ref[n].grad).abs().max()) for n, p in names.items())
+    return {"loss": float(sum(losses).detach() / m) if losses else None, "ref_loss": float(ref_loss.detach()),
+            "grad_err": grad_err, "mesh": list(mesh.shape), "stages": len(names)}

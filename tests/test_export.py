@@ -1,0 +1,297 @@
+"""``labkit.plan.export``: each engine's configuration of a plan, read back by the engine itself.
+
+DeepSpeed's ``DeepSpeedConfig`` (with the plan's data-parallel degree as its world), megatron-core's
+``TransformerConfig``/``parallel_state``/batch calculator, torchtitan's ``ConfigManager`` and
+``ParallelDims``, and accelerate's config loader and plugins read every emitted configuration of
+Chapter 9's worked cases and of a small grid (tests/engine_checks.py, one process an engine, in
+``.venv-engines`` when it exists: requirements-engines.txt). FSDP2's script body runs on 2 gloo
+ranks (and 4, dp x tp; and its pipeline on 2 stages) against the same model unsharded. vLLM's parser is not run here (its CPU build is 3.5 GB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.parallel.config import RunConfig
+from labkit.plan import plan_serving, plan_training
+from labkit.plan.export import (ENGINES, MAPPINGS, ExportNote, export, export_best, to_deepspeed, to_fsdp2,
+                                to_megatron, to_torchtitan, to_vllm)
+from labkit.shapes import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore::labkit.plan.export.ExportNote")  # export() collects them
+ENGINE_MODULES = {"deepspeed": "deepspeed", "megatron": "megatron.core", "torchtitan": "torchtitan",
+                  "accelerate": "accelerate"}
+
+# Chapter 9's worked cases: the planner's 70B run, and the published BLOOM-176B and Llama 3 405B layouts.
+PLANS_70B = plan_training("llama-3-70b", gpu="h100-sxm", num_gpus=64, seq_len=8192, global_batch=512).plans
+BLOOM = RunConfig(dp_size=8, tp_size=4, pp_size=12, micro_batch=2, num_microbatches=128, seq_len=2048,
+                  zero_stage=1, recompute="full")
+LLAMA_405B = RunConfig(dp_size=64, tp_size=8, pp_size=16, micro_batch=1, num_microbatches=32, seq_len=8192,
+                       zero_stage=1, recompute="full", sequence_parallel=True)
+WORKED = {"llama-3-70b": PLANS_70B, "bloom-176b": [BLOOM], "llama-3.1-405b": [LLAMA_405B]}
+SHAPES = {"llama-3-70b": PRESETS["llama-3-70b"], "bloom-176b": None, "llama-3.1-405b": PRESETS["llama-3.1-405b"]}
+# A grid beside them: each ZeRO stage, offload, the pipeline (interleaved too), context parallelism.
+GRID = [RunConfig(dp_size=8, micro_batch=2, num_microbatches=4, seq_len=2048, zero_stage=z)
+        for z in (0, 1, 2, 3)] + [
+    RunConfig(dp_size=8, micro_batch=2, num_microbatches=4, seq_len=2048, zero_stage=2, offload=True),
+    RunConfig(dp_size=8, micro_batch=1, num_microbatches=4, seq_len=2048, zero_stage=3, offload=True,
+              offload_params=True, precision="fp16-mixed"),
+    RunConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch=1, num_microbatches=4, v=2, seq_len=2048, zero_stage=3,
+              recompute="full", sequence_parallel=True, precision="bf16-mixed-fp32-grads"),
+    RunConfig(dp_size=4, cp_size=2, micro_batch=1, num_microbatches=2, seq_len=4096, zero_stage=1, precision="fp32"),
+    RunConfig(dp_size=4, tp_size=2, micro_batch=1, num_microbatches=2, seq_len=2048, zero_stage=3, optimizer="adam")]
+
+
+def _engine_python(engine: str) -> str:
+    """The interpreter that has ``engine``: .venv-engines' if it exists, else this one. Absent:
+    skip with the reason, or fail under CI=true (.ci/run installs requirements-engines.txt)."""
+    venv = ROOT / ".venv-engines" / "bin" / "python"
+    python = str(venv) if venv.exists() else sys.executable
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({ENGINE_MODULES[engine].split('.')[0]!r}) is None)"
+    if subprocess.run([python, "-c", probe]).returncode:
+        why = f"{engine} is not installed (requirements-engines.txt, into .venv-engines: see README)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return python
+
+
+def _ask(engine: str, cases: list) -> list:
+    """What ``engine``'s own parser read from each case (tests/engine_checks.py)."""
+    out = subprocess.run([_engine_python(engine), str(ROOT / "tests" / "engine_checks.py"), engine],
+                         input=json.dumps(cases), capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": "/nonexistent"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _expressed(engine: str, **options) -> list:
+    """(name, RunConfig, config) for each worked case's best plan the engine expresses, and the grid's."""
+    out = []
+    for name, plans in WORKED.items():
+        try:
+            _, x, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine in ("megatron", "torchtitan")
+                                                    else options))
+            out.append((name, plans[0].run if hasattr(plans[0], "run") else plans[0], x.config))
+        except ValueError as e:
+            assert str(e).lower().find(engine[:4]) >= 0, e  # the refusal names the engine
+    for i, run in enumerate(GRID):
+        try:
+            out.append((f"grid{i}", run, export(run, engine, **options).config))
+        except ValueError as e:
+            assert " cannot express " in str(e), e
+    return out
+
+
+def test_deepspeed_reads_back_every_emitted_ds_config():
+    cases = _expressed("deepspeed")
+    runs = [(name, c, _run_of(name, c, "deepspeed")) for name, _, c in cases]
+    got = _ask("deepspeed", [{"config": c, "world": {"dp_size": r.dp_size}} for _, c, r in runs] +
+               [{"config": {**runs[0][1], "zero_optimization": {"stagee": 1}}, "world": {"dp_size": runs[0][2].dp_size}}])
+    assert len(runs) >= 7, [n for n, _, _ in runs]
+    for (name, cfg, run), back in zip(runs, got):
+        assert "error" not in back, (name, back)
+        assert (back["train_batch_size"], back["micro_batch"], back["gradient_accumulation_steps"]) == (
+            run.global_batch, run.micro_batch, run.num_microbatches), name
+        assert back["zero_stage"] == run.zero_stage and back["bf16"] == run.precision.startswith("bf16"), name
+        assert back["offload_optimizer"] == ("cpu" if run.offload else "none"), name
+        assert back["offload_param"] == ("cpu" if run.offload_params else "none"), name
+        assert back["pipeline_stages"] == (run.pp_size if run.pp_size > 1 else "auto"), name
+        assert back["autotp_size"] == (run.tp_size if run.tp_size > 1 else 0), name
+    assert "stagee" in got[-1]["error"]  # a misspelt key fails DeepSpeed's own validation
+
+
+def _run_of(name, config, engine) -> RunConfig:
+    """The RunConfig a case was emitted from (worked cases: the plan export_best chose)."""
+    if name.startswith("grid"):
+        return GRID[int(name[4:])]
+    plans = WORKED[name]
+    i, _, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine in ("megatron", "torchtitan") else {}))
+    return getattr(plans[i], "run", plans[i])
+
+
+def _model_flags(run) -> list:
+    """A small model's flags for a case emitted without a shape (as its user would add them)."""
+    heads = 2 * run.tp_size
+    return ["--num-layers", str(2 * run.pp_size * run.v), "--hidden-size", str(32 * heads),
+            "--num-attention-heads", str(heads), "--ffn-hidden-size", str(128 * heads)]
+
+
+def test_megatron_core_reads_back_the_degrees_batch_and_zero():
+    cases = [(n, _run_of(n, c, "megatron"), c) for n, _, c in _expressed("megatron", shape=PRESETS["llama-3-8b"])]
+    cases = [(n, r, c if "--num-layers" in c else _model_flags(r) + c) for n, r, c in cases]
+    got = _ask("megatron", [{"config": c, "world": {"world_size": r.world_size}} for _, r, c in cases] +
+               [{"config": cases[0][2] + ["--tensor-model-paralel-size", "2"], "world": {"world_size": 64}}])
+    assert {n for n, _, _ in cases} >= {"llama-3-70b", "bloom-176b"}
+    with pytest.raises(ValueError, match="126.*--pipeline-model-parallel-layout"):  # 126 layers on 16 stages
+        to_megatron(LLAMA_405B, shape=PRESETS["llama-3.1-405b"])
+    for (name, run, _), back in zip(cases, got):
+        assert "error" not in back, (name, back)
+        assert (back["tp_size"], back["pp_size"], back["cp_size"], back["dp_size"]) == (
+            run.tp_size, run.pp_size, run.cp_size, run.dp_size), name
+        assert back["num_microbatches"] == run.num_microbatches and (back["v"] or 1) == run.v, name
+        assert back["sequence_parallel"] == run.sequence_parallel, name
+        assert back["recompute"] == (None if run.recompute == "none" else run.recompute), name
+        assert back["distributed_optimizer"] == (run.zero_stage == 1 or run.offload), name
+        fsdp = {2: "optim_grads", 3: "optim_grads_params"}.get(run.zero_stage, "no_shard")
+        assert back["sharding"] == ("no_shard" if run.offload else fsdp), name
+    assert "tensor-model-paralel-size" in got[-1]["error"]
+
+
+def test_torchtitan_parses_the_overrides_and_builds_the_same_mesh():
+    cases = [(n, _run_of(n, c, "torchtitan"), c) for n, _, c in _expressed("torchtitan", shape=PRESETS["llama-3-8b"])]
+    got = _ask("torchtitan", [{"config": c, "world": {"world_size": r.world_size}} for _, r, c in cases] +
+               [{"config": cases[0][2] + ["--parallelism.tensor-parallel-degre", "2"], "world": {"world_size": 8}}])
+    assert len(cases) >= 4, [n for n, _, _ in cases]
+    for (name, run, _), back in zip(cases, got):
+        assert "error" not in back, (name, back)
+        shard = run.dp_size if run.zero_stage == 3 else 1
+        assert (back["dp_shard"], back["dp_replicate"]) == (shard, run.dp_size // shard), name
+        assert (back["tp_size"], back["pp_size"], back["cp_size"]) == (run.tp_size, run.pp_size, run.cp_size), name
+        assert back["global_batch_size"] == run.global_batch and back["seq_len"] == run.seq_len, name
+        assert back["sequence_parallel"] == (run.sequence_parallel or run.tp_size == 1), name
+        assert back["reshard"] == ("always" if run.reshard_after_forward else "never"), name
+        assert back["ac"].split(".")[0] == {"none": "NoAC", "full": "FullAC", "selective": "SelectiveAC"
+                                            }.get(run.recompute, back["ac"]).split(".")[0] or run.recompute == "none"
+    assert "tensor-parallel-degre" in got[-1]["error"]
+
+
+def test_accelerate_loads_the_yaml_and_its_plugins_accept_it():
+    cases = [(n, _run_of(n, None, "accelerate"), export(_run_of(n, None, "accelerate"), "accelerate").text)
+             for n, _, _ in _expressed("accelerate")]
+    got = _ask("accelerate", [{"config": text, "world": {}} for _, _, text in cases] +
+               [{"config": cases[0][2] + "\nnum_procesess: 2\n", "world": {}}])
+    assert len(cases) >= 4
+    for (name, run, _), back in zip(cases, got):
+        assert "error" not in back, (name, back)
+        want = {3: "FSDP", 2: "DEEPSPEED", 1: "DEEPSPEED"}.get(run.zero_stage, "MULTI_GPU")
+        assert back["distributed_type"] == want and back["num_processes"] == run.world_size, name
+        if want == "FSDP":
+            assert back["fsdp_version"] == 2 and back["reshard"] == run.reshard_after_forward, name
+        if want == "DEEPSPEED":
+            assert back["zero_stage"] == run.zero_stage, name
+            assert back["gradient_accumulation_steps"] == run.num_microbatches, name
+    assert "num_procesess" in got[-1]["error"]
+
+
+@pytest.mark.xdist_group("dist:export_fsdp2")
+@pytest.mark.parametrize("run, exact", [
+    (RunConfig(dp_size=2, seq_len=16, zero_stage=3, recompute="full", precision="fp32"), True),
+    (RunConfig(tp_size=2, seq_len=16, sequence_parallel=True, precision="fp32"), True),
+    (RunConfig(dp_size=2, seq_len=16, zero_stage=3), False),
+    (RunConfig(dp_size=2, tp_size=2, seq_len=16, zero_stage=3, recompute="full", sequence_parallel=True,
+               precision="fp32"), True)], ids=["zero3-recompute", "tp-sp", "zero3-bf16", "2d-zero3-tp-sp"])
+def test_fsdp2_script_trains_like_the_unsharded_model(run, exact):
+    from labkit.dist import launch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from export_fsdp2_workers import run_emitted
+
+    for r in launch(run_emitted, run.world_size, to_fsdp2(run), backend="gloo", timeout_s=60):
+        assert r["mesh"] == [run.pp_size, run.dp_size, run.tp_size]
+        assert r["local_params"] < r["params"]  # sharded: each rank holds a part
+        if exact:  # fp32: only the reduction order differs from the unsharded step
+            assert abs(r["loss"] - r["ref_loss"]) < 1e-5 and r["step_err"] < 1e-5, r
+        else:  # bf16 compute: the loss within bf16's rounding of the fp32 one
+            assert abs(r["loss"] - r["ref_loss"]) < 1e-2 * r["ref_loss"], r
+
+
+def test_refusals_name_the_engine_and_the_setting():
+    with pytest.raises(ValueError, match=r"DeepSpeed cannot express zero_stage=3 with pp_size=2"):
+        to_deepspeed(RunConfig(dp_size=2, pp_size=2, num_microbatches=2, seq_len=64, zero_stage=3))
+    with pytest.raises(ValueError, match=r"torchtitan cannot express zero_stage=1"):
+        to_torchtitan(RunConfig(dp_size=2, seq_len=64, zero_stage=1))
+    with pytest.raises(ValueError, match=r"torchtitan cannot express attention='eager'"):
+        to_torchtitan(RunConfig(dp_size=2, seq_len=64, zero_stage=3, attention="eager"))
+    with pytest.raises(ValueError, match=r"Megatron-LM cannot express offload_params=True"):
+        to_megatron(RunConfig(dp_size=2, seq_len=64, zero_stage=3, offload=True, offload_params=True))
+    with pytest.raises(ValueError, match=r"engine='nope' is unknown; valid choices: \['deepspeed'"):
+        export(BLOOM, "nope")
+    with pytest.raises(TypeError, match=r"plan=.* must be a labkit.plan.TrainingPlan"):
+        to_deepspeed({"dp_size": 2})
+
+
+def test_notes_are_warnings_and_export_collects_them():
+    with pytest.warns(ExportNote, match="torchtitan: its default under a pipeline keeps FSDP's parameters"):
+        to_torchtitan(RunConfig(dp_size=2, pp_size=2, num_microbatches=2, seq_len=64, zero_stage=3))
+    x = export(RunConfig(dp_size=2, seq_len=64, attention="eager"), "megatron")
+    assert "--attention-backend" in x.config and x.config[x.config.index("--attention-backend") + 1] == "unfused"
+    assert set(MAPPINGS) == set(ENGINES)
+
+
+def test_vllm_arguments_follow_the_serving_plan():
+    plan = plan_serving("llama-3-8b", gpu="a100-80gb", num_gpus=2, context_len=4096, kv_bytes=1).plans[0]
+    args = to_vllm(plan, model="meta-llama/Meta-Llama-3-8B")
+    flags = dict(zip(args[1::2], args[2::2]))
+    assert args[0] == "meta-llama/Meta-Llama-3-8B" and flags["--tensor-parallel-size"] == str(plan.tp_size)
+    assert flags["--max-model-len"] == "4096" and flags["--kv-cache-dtype"] == "fp8"
+    assert flags["--block-size"] == "16" and flags["--gpu-memory-utilization"] == "0.9"
+    with pytest.raises(ValueError, match=r"vLLM cannot express weight_bytes=1"):
+        to_vllm(plan, weight_bytes=1)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "labkit.plan", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+def test_cli_emits_the_best_plan_the_engine_expresses(tmp_path):
+    base = ["train", "--model", "llama-3-70b", "--gpu", "h100-sxm", "--num-gpus", "64", "--seq-len", "8192",
+            "--global-batch", "512"]
+    out = _cli(*base, "--emit", "deepspeed")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == to_deepspeed(PLANS_70B[export_best(PLANS_70B, "deepspeed")[0]])
+    assert "# plan " in out.stderr and "DeepSpeed cannot express" in out.stderr
+    out = _cli(*base, "--emit", "megatron", "--json")
+    emitted = json.loads(out.stdout)["emit"]
+    assert emitted["engine"] == "megatron" and emitted["plan_index"] == 0 and "--tensor-model-parallel-size" in emitted["config"]
+    target = tmp_path / "serve.args"
+    out = _cli("serve", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--context-len", "4096", "--emit", "vllm",
+               "--out", str(target))
+    assert out.returncode == 0 and target.read_text().startswith("vllm serve")
+    bad = _cli(*base, "--emit", "vllm")
+    assert bad.returncode == 2 and "--emit: invalid choice: 'vllm'" in bad.stderr
+
+
+def test_chapter_9_shows_what_the_exporters_emit():
+    """Each configuration block of Chapter 9's "From a plan to your engine" is the exporter's output
+    (or, for FSDP2's script, a part of it), so the chapter cannot drift from the code."""
+    import re
+
+    text = (ROOT / "chapters" / "09_planning.md").read_text(encoding="utf-8")
+    section = text.split("## From a plan to your engine")[1].split("\n## ")[0]
+    blocks = re.findall(r"```(?:text|json|python|yaml)\n(.*?)\n```", section, re.S)
+    offload = plan_training("llama-2-7b", gpu="a100-80gb", num_gpus=1, seq_len=4096, global_batch=16,
+                            offload=(True,)).plans[0]
+    served = plan_serving("llama-3-8b", gpu="a100-80gb", context_len=4096).plans[0]
+    emitted = [export_best(PLANS_70B, e, **({"shape": PRESETS["llama-3-70b"]} if e == "torchtitan" else {}))[1].text
+               for e in ("megatron", "deepspeed", "torchtitan", "fsdp2")] + [
+        export(offload, "accelerate").text, export(served, "vllm", model="meta-llama/Meta-Llama-3-8B").text]
+    assert len(blocks) == len(emitted) == 6
+    for block, want in zip(blocks, emitted):
+        assert block in want, f"the chapter's block is not what the exporter writes now:\n{block}\n---\n{want}"
+
+
+@pytest.mark.xdist_group("dist:export_fsdp2")
+@pytest.mark.parametrize("m", [2, 1], ids=["1f1b", "gpipe"])
+def test_fsdp2_script_pipeline_matches_the_whole_model(m):
+    """The script's (pp, dp, tp) mesh and pipeline() on 2 stages: the micro-batches' loss and every
+    stage's gradients equal the whole model's (fp32; only the sums' order differs)."""
+    from labkit.dist import launch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from export_fsdp2_workers import run_emitted_pipeline
+
+    run = RunConfig(pp_size=2, num_microbatches=m, micro_batch=2 // m, seq_len=16, precision="fp32")
+    assert run.schedule == {2: "1f1b", 1: "gpipe"}[m]
+    first, last = launch(run_emitted_pipeline, 2, to_fsdp2(run), backend="gloo", timeout_s=60)
+    assert first["mesh"] == last["mesh"] == [2, 1, 1] and first["stages"] + last["stages"] == 21
+    assert abs(last["loss"] - last["ref_loss"]) < 1e-5
+    assert first["grad_err"] < 1e-5 and last["grad_err"] < 1e-5, (first, last)
