@@ -19,47 +19,67 @@ _FSDP2_HEAD = '''\
 # {summary}
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                               PrepareModuleInput, parallelize_module)
+from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy,
+                                    fully_shard)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
+    parallelize_module)
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    checkpoint_wrapper)
 
 DP, TP, PP = {dp}, {tp}, {pp}
 MICRO_BATCH, NUM_MICROBATCHES, SEQ_LEN = {b}, {m}, {s}
 
 
 def tp_plan(sequence_parallel):
-    """Megatron's split of a Llama block (torchtitan's names: attention.wq/wk/wv/wo, feed_forward.w1/w2/w3)."""
+    """Megatron's split of a Llama block (torchtitan's names: attention.wq, wk,
+    wv, wo; feed_forward.w1, w2, w3)."""
     out = Shard(1) if sequence_parallel else Replicate()
-    plan = {{"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=out), "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w3": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=out)}}
+    plan = {{"attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=out),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=out)}}
     if sequence_parallel:
-        plan.update({{"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-                     "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                     "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))}})
+        gather = PrepareModuleInput(input_layouts=(Shard(1),),
+                                    desired_input_layouts=(Replicate(),))
+        plan.update({{"attention_norm": SequenceParallel(),
+                     "ffn_norm": SequenceParallel(),
+                     "attention": gather, "feed_forward": gather}})
     return plan
 
 
 def parallelize(model, device_type="cuda"):
-    """TP (+SP), then activation checkpointing, then FSDP: torchtitan's order. ``model.layers``
-    holds the blocks; attention's heads are split over TP (set each block's local head count)."""
-    mesh = init_device_mesh(device_type, (PP, DP, TP), mesh_dim_names=("pp", "dp", "tp"))
+    """TP (+SP), then activation checkpointing, then FSDP: torchtitan's order.
+    ``model.layers`` holds the blocks; attention's heads are split over TP
+    (set each block's local head count)."""
+    mesh = init_device_mesh(device_type, (PP, DP, TP),
+                            mesh_dim_names=("pp", "dp", "tp"))
 '''
 
 _FSDP2_SP = '''\
-    # the sequence stays split between blocks: the embeddings' output, the final norm, the head's input
+    # the sequence stays split between blocks: the embeddings' output, the
+    # final norm, the head's input
     parallelize_module(model, mesh["tp"], {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(), "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(),
+                                          output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1),
+                                  output_layouts=Replicate())})
 '''
 
 
 def _fsdp2_body(run: RunConfig) -> str:
     """The body of ``parallelize``: only the steps this plan takes (TP, SP, checkpointing, FSDP)."""
-    shard = (f"mesh=mesh[\"dp\"], mp_policy=mp, reshard_after_forward={run.reshard_after_forward}"
-             + (", offload_policy=CPUOffloadPolicy()" if run.offload_params else ""))
+    args = [f"reshard_after_forward={run.reshard_after_forward}"] + (
+        ["offload_policy=CPUOffloadPolicy()"] if run.offload_params else [])
+
+    def shard(what: str, indent: int) -> str:  # fully_shard(...), its options on hanging lines
+        tail = f",\n{' ' * (indent + 4)}".join(args)
+        return f"{' ' * indent}fully_shard({what}, mesh=mesh[\"dp\"], mp_policy=mp,\n{' ' * (indent + 4)}{tail})\n"
     lines = [_FSDP2_SP] if run.tp_size > 1 and run.sequence_parallel else []
     lines.append("    for i, block in enumerate(model.layers):\n")
     if run.tp_size > 1:
@@ -67,8 +87,8 @@ def _fsdp2_body(run: RunConfig) -> str:
     if run.recompute == "full":
         lines.append("        block = model.layers[i] = checkpoint_wrapper(block)\n")
     if run.zero_stage == 3:
-        lines.append(f"        fully_shard(block, {shard})\n")
-        lines.append(f"    fully_shard(model, {shard})\n")
+        lines.append(shard("block", 8))
+        lines.append(shard("model", 4))
     elif lines[-1].startswith("    for "):
         lines.pop()
     return "".join(lines) + "    return model, mesh\n"
@@ -77,12 +97,17 @@ def _fsdp2_body(run: RunConfig) -> str:
 _FSDP2_PIPE = '''
 
 def pipeline(stage_modules, mesh, loss_fn, device="cuda"):
-    """This rank's {v} stage(s) of {stages} (module k is stage k x PP + its pp rank), run by {cls}."""
-    from torch.distributed.pipelining import PipelineStage, {cls}
+    """This rank's {v} stage(s) of {stages} (module k is stage k x PP + its pp
+    rank), run by {cls}."""
+    from torch.distributed.pipelining import (PipelineStage,
+                                              {cls})
     rank, group = mesh["pp"].get_local_rank(), mesh["pp"].get_group()
-    stages = [PipelineStage(module, k * PP + rank, {stages}, torch.device(device), group=group)
+    stages = [PipelineStage(module, k * PP + rank, {stages},
+                            torch.device(device), group=group)
               for k, module in enumerate(stage_modules)]
-    return {cls}(stages if len(stages) > 1 else stages[0], n_microbatches={m}, loss_fn=loss_fn)
+    return {cls}(
+        stages if len(stages) > 1 else stages[0], n_microbatches={m},
+        loss_fn=loss_fn)
 '''
 
 
@@ -109,8 +134,8 @@ def to_fsdp2(plan) -> str:
     ``checkpoint_wrapper`` and ``fully_shard`` with a ``MixedPrecisionPolicy``, the pipeline schedule."""
     run = run_of(plan)
     _fsdp2_check(run)
-    mp = {"bf16-mixed": "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
-          "bf16-mixed-fp32-grads": "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
+    mixed = "MixedPrecisionPolicy(param_dtype=torch.bfloat16,\n" + " " * 30 + "reduce_dtype=torch.float32)"
+    mp = {"bf16-mixed": mixed, "bf16-mixed-fp32-grads": mixed,
           "bf16": "MixedPrecisionPolicy()  # the model is bfloat16 itself", "fp32": "MixedPrecisionPolicy()"}
     summary = (f"labkit plan: dp={run.dp_size} tp={run.tp_size} pp={run.pp_size} v={run.v} ZeRO-{run.zero_stage} "
                f"recompute={run.recompute} sp={run.sequence_parallel} {run.precision}")
