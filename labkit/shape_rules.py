@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .validate import ArgumentError, check_bool, check_choice, check_float, check_int
 
-__all__ = ["layer_split", "GATED", "ShapeProperties", "check_shape", "features"]
+__all__ = ["layer_split", "layer_range", "GATED", "ShapeProperties", "check_shape", "features"]
 
 GATED = ("swiglu", "geglu")  # MLPs with a gate: three matrices
 
@@ -59,9 +59,8 @@ class ShapeProperties:
         n_layer mod v p one layer more)."""
         p = check_int("pp_size", pp_size, 1, self.n_layer)
         check_int("stage", stage, 0, p - 1)
-        sizes = layer_split(self.n_layer, p * check_int("v", v, 1, self.n_layer // p))
-        starts = [sum(sizes[:k]) for k in range(len(sizes))]
-        return [(starts[k], starts[k] + sizes[k]) for k in range(stage, p * v, p)]
+        n = p * check_int("v", v, 1, self.n_layer // p)
+        return [layer_range(self.n_layer, n, k) for k in range(stage, n, p)]
 
     def stage_layers(self, pp_size: int = 1, stage: int = 0, v: int = 1) -> int:
         """Blocks of pipeline ``stage`` of ``pp_size`` (with ``v`` chunks a rank, of all its chunks)."""
@@ -145,10 +144,16 @@ def features(shape) -> tuple:
     return tuple(name for name, present in named if present)
 
 
+def layer_range(n_layer: int, parts: int, k: int) -> tuple[int, int]:
+    """[start, stop) of piece ``k`` of :func:`layer_split`'s ``parts`` pieces of ``n_layer``."""
+    size, extra = divmod(n_layer, parts)
+    return k * size + min(k, extra), (k + 1) * size + min(k + 1, extra)
+
+
 def layer_split(n_layer: int, parts: int) -> list[int]:
     """Layers of each of ``parts`` consecutive pieces of ``n_layer`` (pipeline stages, or the v p
     virtual stages of an interleaved schedule): n_layer // parts each, the first n_layer mod
     parts one more. The one rule: the estimator, the planner and ``labkit.pipeline.split_stages``
-    (unless given costs) split by it."""
+    (unless given costs) split by it (:func:`layer_range`)."""
     check_int("parts", parts, 1, check_int("n_layer", n_layer, 1))
-    return [n_layer // parts + (1 if k < n_layer % parts else 0) for k in range(parts)]
+    return [stop - start for start, stop in (layer_range(n_layer, parts, k) for k in range(parts))]
