@@ -10,6 +10,7 @@ the released presets are their config.json files (:mod:`labkit.released_configs`
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
 
 from .hf_config import HF_CONFIG_FIELDS, shape_fields
 from .released_configs import RELEASED
@@ -198,6 +199,7 @@ class ModelShape(ShapeProperties):
         return (dense * self._block_params(t, False) if dense else 0) + \
             (moe * self._block_params(t, True) if moe else 0)
 
+    @lru_cache(maxsize=8192)  # a shape is frozen and hashable; a planner's sweep asks the same again
     def stage_params(self, tp_size: int = 1, pp_size: int = 1, stage: int = 0, v: int = 1) -> int:
         """Parameters one rank of pipeline ``stage`` holds under tensor parallelism ``tp_size``
         (its ``v`` chunks' layers, :meth:`stage_ranges`).
