@@ -13,7 +13,6 @@ import pytest
 from labkit.estimate import training_memory
 from labkit.memory import fused_llama_layer_bytes, llama_layer_bytes
 from labkit.plan.published import NARAYANAN_TABLE1, PUBLISHED, model_run, narayanan_run
-from labkit.shapes import PRESETS
 
 
 @pytest.mark.parametrize("key", sorted(PUBLISHED))
@@ -23,7 +22,6 @@ def test_each_published_run_is_a_valid_run_of_its_model_and_fills_its_cluster(ke
     assert run.world_size == case.num_gpus and case.counts in ("hfu", "mfu") and case.source
     out = model_run(case)
     assert out["published_tflops"] == case.tflops and out["tflops"] > 0
-    assert out["tflops_error"] == pytest.approx(out["tflops"] / case.tflops - 1)
 
 
 def test_the_runs_use_what_their_sources_report():
@@ -69,4 +67,3 @@ def test_the_kernels_knob_reaches_the_estimate():
     assert fused.activations < labkit.activations and fused.params == labkit.params
     with pytest.raises(ValueError, match="kernels='triton'"):
         case.run.replace(kernels="triton")
-    assert PRESETS["llama-3.1-405b"].n_layer == case.shape.n_layer

@@ -1,8 +1,8 @@
 """What the planner sweeps: the layouts (t, cp, p, N_d) of a cluster and each layout's pipeline choices.
 
 The formulas it needs come from where they live: memory from ``labkit.estimate``, the FLOPs of
-a step from ``labkit.shapes``, the pipeline's bubble from ``labkit.pipeline.analytic`` (torch-free,
-as the estimator uses it).
+a step from ``labkit.shapes``, which interleavings run and their schedule from
+``labkit.pipeline.analytic`` (torch-free, as the estimator uses it).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import NamedTuple
 
 from ..context_parallel.analytic import check_cp_seq_len
 from ..estimate import training_memory
-from ..pipeline.analytic import bubble_fraction, default_schedule, interleave_allowed
+from ..pipeline.analytic import default_schedule, interleave_allowed
 from ..validate import check_int
 
-__all__ = ["Dims", "CP_MIN_SEQ_LEN", "cp_degrees", "layouts", "pipeline_choices", "pipeline_bubble", "flops_of",
+__all__ = ["Dims", "CP_MIN_SEQ_LEN", "cp_degrees", "layouts", "pipeline_choices", "flops_of",
            "training_memory"]
 
 CP_MIN_SEQ_LEN = 16384  # the sequence length from which the planner weighs cp > 1 by default
@@ -89,11 +89,6 @@ def pipeline_choices(shape, p: int, dp: int, global_batch: int, micro_batches, i
         for v in interleave:
             if interleave_allowed(shape.n_layer, p, m, v) and not (even_stages and shape.n_layer % (p * v)):
                 yield b, m, v, default_schedule(p, m, v)
-
-
-def pipeline_bubble(p: int, m: int, schedule: str, v: int) -> float:
-    """The idle fraction of a step (``labkit.pipeline``'s formula)."""
-    return bubble_fraction(p, m, schedule, v)
 
 
 def flops_of(shape, global_batch: int, recompute: bool = False) -> int:
