@@ -36,7 +36,7 @@ Assumptions, all of them:
   the backward's share (two thirds of the compute) adds; otherwise it adds in full.
 - Latency (the alpha of an alpha-beta model): every ring collective takes R - 1 steps over R
   ranks (an all-reduce 2 (R - 1)), each ``LATENCY_S`` of its link (1 us on NVLink, 5 us on the
-  network); a pipeline message one. It matters for small messages over many ranks (ZeRO-3's
+  network: assumed orders of magnitude, not measured here); a pipeline message one. It matters for small messages over many ranks (ZeRO-3's
   per-layer gathers over hundreds of replicas), not for bandwidth-bound ones.
 - ZeRO-Offload: the rank's shard of 2-byte gradients goes to the CPU and its shard of 2-byte
   weights comes back each step over PCIe at ``pcie_gbps`` (one direction); the CPU's optimizer step is not modelled.
@@ -108,7 +108,7 @@ def ring_step(shape, *, tp_size: int, cp_size: int, micro_batch: int, recompute:
     return passes * forward + backward, passes * exposed_fwd + exposed_bwd
 
 
-LATENCY_S = {"nvlink": 1e-6, "network": 5e-6}  # seconds per step of a ring collective, by link
+LATENCY_S = {"nvlink": 1e-6, "network": 5e-6}  # seconds per ring step, by link: assumed, not measured
 
 
 def _links(run, num_gpus: int, gpus_per_node: int, nvlink_gbps: float, network_gbps: float) -> dict:
