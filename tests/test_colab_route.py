@@ -94,7 +94,13 @@ def test_a_lab_installs_labkit_from_the_published_address_and_keeps_torch(tmp_pa
     gitconfig = tmp_path / "gitconfig"
     served = f"file://{tmp_path / 'github'}/"
     gitconfig.write_text(f'[url "{served}"]\n\tinsteadOf = https://github.com/\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "PIP_"))}
+    # Nothing of this interpreter's own environment either: a VIRTUAL_ENV (the README's .venv)
+    # makes IPython add that environment's site-packages, editable labkit included, to sys.path.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHONPATH", "PIP_", "VIRTUAL_ENV"))}
+    own_bin = str(Path(sys.prefix) / "bin")
+    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
+                                  if sys.prefix == sys.base_prefix or d != own_bin)
     # Offline: pip finds the dependencies installed and builds labkit with the setuptools there.
     env.update(GIT_CONFIG_GLOBAL=str(gitconfig), GIT_CONFIG_NOSYSTEM="1", PIP_NO_INDEX="1",
                PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
