@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.context_parallel import hide_chunk_tokens, ring_bytes_per_layer
+from labkit.context_parallel import block_flops, chunk_offsets, hide_chunk_tokens, ring_bytes_per_layer, ring_step_flops
 from labkit.estimate import training_memory
 from labkit.hardware import get_gpu
 from labkit.plan import plan_training
@@ -159,3 +159,27 @@ def test_the_command_line_sweeps_cp_and_shows_it():
     assert row.split()[header.split().index("cp")] == "16"
     bad = subprocess.run([*run[:-3], "--cp", "3"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert bad.returncode == 2 and "--context-parallel (3,)" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_a_zigzag_ring_step_meets_half_the_blocks_pairs_as_ring_step_flops_counts(cp):
+    """Counted token by token: the (query, key) pairs a causal mask keeps between a rank's tokens
+    and the keys it holds at each ring step are half the block's, and on the first step (its own
+    keys) c/2 pairs more, the two chunks' own diagonals, which ring_step_flops leaves out."""
+    s = 8 * cp
+    chunk, d = s // cp, 4
+
+    def tokens(rank):
+        return [g + k for _, n, g in chunk_offsets(rank, cp, s) for k in range(n)]
+
+    for rank in range(cp):
+        for step in range(cp):
+            keys = tokens((rank - step) % cp)  # the ring brings rank - step's keys at step `step`
+            kept = sum(1 for q in tokens(rank) for k in keys if k <= q)
+            flops = block_flops(1, 1, d, chunk, chunk) * kept / chunk**2
+            want = ring_step_flops(1, 1, d, chunk) + (block_flops(1, 1, d, chunk, 1) / 2 if step == 0 else 0)
+            assert flops == want, (rank, step, kept)
+    assert ring_step_flops(1, 1, d, chunk, causal=False) == block_flops(1, 1, d, chunk, chunk)
+    # the threshold doubles under the mask: half the compute hides the same bytes
+    causal, unmasked = (hide_chunk_tokens("h100-sxm", 64, 8, causal=c) for c in (True, False))
+    assert causal == pytest.approx(2 * unmasked)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from .._lazy import lazy_exports
 from .analytic import (LAYOUTS, attention_activation_fraction, block_flops, causal_pairs, check_cp_seq_len,
-                       chunk_offsets, chunks_of_rank, computed_blocks, hide_chunk_tokens, ring_bytes_per_layer)
+                       chunk_offsets, chunks_of_rank, computed_blocks, hide_chunk_tokens, ring_bytes_per_layer,
+                       ring_step_flops)
 
 __all__ = ["LAYOUTS", "attention_activation_fraction", "block_flops", "causal_pairs", "check_cp_seq_len",
            "computed_blocks", "chunk_offsets", "chunks_of_rank", "hide_chunk_tokens", "ring_bytes_per_layer",
-           "shard_sequence", "unshard_sequence", "shard_positions", "RingAttention", "ring_attention",
+           "ring_step_flops", "shard_sequence", "unshard_sequence", "shard_positions", "RingAttention", "ring_attention",
            "check_ring_inputs", "apply_context_parallel", "ContextParallelGradSum", "check_cp_group",
            "context_parallel_inputs", "context_parallel_loss"]
 

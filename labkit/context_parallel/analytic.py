@@ -11,10 +11,10 @@ the estimator and the planner call these.
 from __future__ import annotations
 
 from ..hardware import get_gpu, peak_flops
-from ..validate import ArgumentError, check_choice, check_int
+from ..validate import ArgumentError, check_bool, check_choice, check_int
 
 __all__ = ["LAYOUTS", "check_cp_seq_len", "chunks_of_rank", "chunk_offsets", "causal_pairs", "computed_blocks",
-           "ring_bytes_per_layer", "block_flops", "hide_chunk_tokens", "attention_activation_fraction"]
+           "ring_bytes_per_layer", "block_flops", "ring_step_flops", "hide_chunk_tokens", "attention_activation_fraction"]
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -88,15 +88,29 @@ def block_flops(batch_size: int, n_head: int, head_dim: int, s_q: int, s_k: int)
     return 4 * batch_size * n_head * s_q * s_k * head_dim
 
 
-def hide_chunk_tokens(gpu: str, n_head: int, n_kv_head: int, dtype: str = "bf16", dtype_bytes: int = 2) -> float:
-    """Tokens per rank, s / cp, above which a ring step's block computes longer than its K and V
-    take to cross the GPU-to-GPU link (Chapter 1's roofline: FLOPs per byte against the ridge
-    peak / bandwidth, here the link's one-way bandwidth, half of ``link_gbps``)."""
+def ring_step_flops(batch_size: int, n_head: int, head_dim: int, chunk: int, causal: bool = True) -> float:
+    """Matmul FLOPs one ring step computes in forward on a rank's ``chunk`` = s / cp tokens against
+    the block of keys it holds: :func:`block_flops` of a (chunk x chunk) block, halved under a
+    causal mask. In the zigzag layout every step meets half of the block's query-key pairs (two
+    of its four chunk pairs off the diagonal; the diagonal step half of each triangle and one
+    whole pair), and a kernel that skips masked tiles computes only those."""
+    check_bool("causal", causal)
+    full = block_flops(batch_size, n_head, head_dim, chunk, chunk)
+    return full / 2 if causal else float(full)
+
+
+def hide_chunk_tokens(gpu: str, n_head: int, n_kv_head: int, dtype: str = "bf16", dtype_bytes: int = 2,
+                      causal: bool = True) -> float:
+    """Tokens per rank, s / cp, above which a ring step's compute (:func:`ring_step_flops`, at the
+    GPU's dense peak) lasts longer than its K and V take to cross the GPU-to-GPU link: Liu et al.
+    (2023)'s condition c >= F / B, Chapter 1's roofline with the link in place of HBM (the link's
+    one-way bandwidth, half of ``link_gbps``). A causal mask halves the compute, doubling the
+    threshold; at a share of the peak (the planner's efficiency) it grows by the inverse share."""
     g = get_gpu(gpu)
     ridge = peak_flops(g, dtype) / (g.link_gbps * 1e9 / 2)  # FLOP per byte sent
-    c, d = 1, 128  # block_flops / bytes is linear in c and free of d and b: solve at c = 1
-    per_token = block_flops(1, n_head, d, c, c) / (2 * c * check_int("n_kv_head", n_kv_head, 1) * d * dtype_bytes)
-    return ridge / per_token
+    c, d = 1, 128  # the step's FLOPs / bytes is linear in c and free of d and b: solve at c = 1
+    sent = 2 * c * check_int("n_kv_head", n_kv_head, 1) * d * dtype_bytes
+    return ridge / (ring_step_flops(1, n_head, d, c, causal) / sent)
 
 
 def attention_activation_fraction(cp_size: int) -> float:

@@ -25,9 +25,9 @@ Assumptions, all of them:
   recomputed, and with it the ring). A cp group spans t cp consecutive ranks: on NVLink when
   t cp <= gpus_per_node, else on the network. The sends overlap the blocks' compute (the ring
   posts the next transfer before computing the current block): in forward, cp - 1 transfers hide
-  behind cp - 1 blocks of ``labkit.context_parallel.block_flops`` (an (s/cp) x (s/cp) block of
-  the rank's heads, unmasked, as the FLOP count above counts attention), in backward behind twice
-  that compute; only what lasts longer than the compute adds to the step.
+  behind cp - 1 steps of ``labkit.context_parallel.ring_step_flops`` (an (s/cp) x (s/cp) block of
+  the rank's heads, half of it computed under the causal mask), in backward behind twice that
+  compute; only what lasts longer than the compute adds to the step.
 - Data parallelism and ZeRO: the elements of ``labkit.zero.analytic.step_comm_volume`` (stages
   0-1 once a step, stage 2's reduce-scatter and stage 3's gathers every micro-batch, as the
   mechanisms run them), 2 bytes each, times the ring's (N_d cp - 1) / (N_d cp), over the N_d cp
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..context_parallel.analytic import block_flops, ring_bytes_per_layer
+from ..context_parallel.analytic import ring_bytes_per_layer, ring_step_flops
 
 __all__ = ["StepTime", "step_time", "step_flops", "ring_step", "LATENCY_S"]
 
@@ -101,7 +101,7 @@ def ring_step(shape, *, tp_size: int, cp_size: int, micro_batch: int, recompute:
                 cp_size=cp)
     forward, backward = (ring_bytes_per_layer(**ring, direction=d) for d in ("forward", "backward"))
     chunk = shape.seq_len // cp
-    block_s = block_flops(b, shape.n_head // t, shape.head_dim, chunk, chunk) / flops_per_s
+    block_s = ring_step_flops(b, shape.n_head // t, shape.head_dim, chunk) / flops_per_s  # causal
     exposed_fwd = max(0.0, forward / link_gbps / 1e9 - (cp - 1) * block_s)
     exposed_bwd = max(0.0, backward / link_gbps / 1e9 - 2 * (cp - 1) * block_s)
     passes = 2 if recompute in ("selective", "full") else 1  # recomputation runs the forward ring again
