@@ -1,10 +1,13 @@
-"""Precision policies for training: fp32, mixed, mixed_fp32_grads, bf16.
+"""Precision policies for training: fp32, mixed, mixed_fp32_grads, mixed_fp32_buffer, bf16.
 
 ``mixed`` follows Micikevicius et al. (2018): parameters and gradients in 16 bits, an fp32
 master copy of the weights that the optimizer updates, and the 16-bit weights copied back.
 ``mixed_fp32_grads`` adds what Megatron-LM and DeepSpeed keep in bf16 runs: an fp32 buffer per
 parameter into which every 16-bit gradient is added as backward produces it (the 16-bit
 ``.grad`` is then freed), so accumulation over micro-batches rounds in fp32 (18 bytes/param).
+``mixed_fp32_buffer`` is DeepSpeed's BF16 optimizer (BLOOM's): the 16-bit gradients of a whole
+backward stay in ``.grad`` and are added into the unsharded fp32 buffer when the backward ends,
+then zeroed in place: both are held (20 bytes/param with Adam).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from .validate import ArgumentError, check_bool, check_choice, check_float
 
 __all__ = ["PRECISIONS", "OPTIMIZERS", "MasterWeightOptimizer", "model_dtype", "make_optimizer"]
 
-PRECISIONS = ("fp32", "mixed", "mixed_fp32_grads", "bf16")
+PRECISIONS = ("fp32", "mixed", "mixed_fp32_grads", "mixed_fp32_buffer", "bf16")
 OPTIMIZERS = ("adam", "adamw", "sgd_momentum", "sgd")
 
 
@@ -40,11 +43,18 @@ class MasterWeightOptimizer:
     weights and copies them back into the 16-bit parameters. With ``fp32_grads=True`` a hook
     adds each 16-bit gradient into a persistent fp32 buffer (``grad_tensors()``) as soon as
     backward has produced it and frees the 16-bit one; ``step()`` then uses the buffers as is.
+    With ``after_backward=True`` as well, the 16-bit gradients are added together when the
+    backward ends and zeroed in place (DeepSpeed's BF16 optimizer), so the whole 16-bit gradient
+    is held beside the buffers.
     """
 
     def __init__(self, params, optimizer_cls=torch.optim.AdamW, *, fp32_grads: bool = False,
-                 **optimizer_kwargs):
+                 after_backward: bool = False, **optimizer_kwargs):
         check_bool("fp32_grads", fp32_grads)
+        check_bool("after_backward", after_backward)
+        if after_backward and not fp32_grads:
+            raise ArgumentError("after_backward=True needs fp32_grads=True: it says when the 16-bit gradients "
+                                "are added into the fp32 buffers")
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params is empty: nothing to optimize")
@@ -52,9 +62,10 @@ class MasterWeightOptimizer:
         self.inner = optimizer_cls(self.master, **optimizer_kwargs)
         self.param_groups = self.inner.param_groups
         self.main_grads = [torch.zeros_like(m) for m in self.master] if fp32_grads else None
+        self._flush_queued = False
         if fp32_grads:
             for p, buf in zip(self.params, self.main_grads):
-                p.register_post_accumulate_grad_hook(self._accumulate_into(buf))
+                p.register_post_accumulate_grad_hook(self._queue_flush if after_backward else self._accumulate_into(buf))
 
     @staticmethod
     def _accumulate_into(buf):
@@ -62,6 +73,20 @@ class MasterWeightOptimizer:
             buf.add_(p.grad)  # rounds once, in fp32
             p.grad = None
         return hook
+
+    def _queue_flush(self, p):
+        """The first gradient of a backward asks autograd to call _flush when that backward ends."""
+        if not self._flush_queued:
+            self._flush_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._flush)
+
+    @torch.no_grad()
+    def _flush(self):
+        self._flush_queued = False
+        for p, buf in zip(self.params, self.main_grads):
+            if p.grad is not None:
+                buf.add_(p.grad)  # rounds once, in fp32
+                p.grad.zero_()  # kept at a fixed address, as DeepSpeed keeps it for graph replay
 
     def grad_tensors(self):
         """The fp32 gradient buffers (``fp32_grads=True``), else an empty list."""
@@ -117,8 +142,8 @@ class MasterWeightOptimizer:
 
 
 def make_optimizer(params, precision: str = "fp32", optimizer: str = "adamw", lr: float = 1e-3, **kwargs):
-    """The optimizer of a precision policy: plain for fp32/bf16, with master weights for mixed
-    and mixed_fp32_grads (which also accumulates gradients in fp32 buffers)."""
+    """The optimizer of a precision policy: plain for fp32/bf16, with master weights for mixed,
+    mixed_fp32_grads and mixed_fp32_buffer (which also accumulate gradients in fp32 buffers)."""
     _check(precision, optimizer)
     check_float("lr", lr, 0.0)
     cls, extra = {
@@ -128,6 +153,7 @@ def make_optimizer(params, precision: str = "fp32", optimizer: str = "adamw", lr
         "sgd": (torch.optim.SGD, {"momentum": 0.0}),
     }[optimizer]
     kwargs = {**extra, "lr": lr, **kwargs}
-    if precision in ("mixed", "mixed_fp32_grads"):
-        return MasterWeightOptimizer(params, cls, fp32_grads=precision == "mixed_fp32_grads", **kwargs)
+    if precision in ("mixed", "mixed_fp32_grads", "mixed_fp32_buffer"):
+        return MasterWeightOptimizer(params, cls, fp32_grads=precision != "mixed",
+                                     after_backward=precision == "mixed_fp32_buffer", **kwargs)
     return cls(params, **kwargs)

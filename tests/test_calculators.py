@@ -42,7 +42,7 @@ def _calculator_pages() -> dict:
 
 PAGES = _calculator_pages()
 SHAPE = ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size")
-TRAIN_PARTS = ("params", "grads", "optimizer", "activations", "transient", "total")
+TRAIN_PARTS = ("params", "grads", "optimizer", "activations", "transient", "non_torch", "total")
 SERVE_PARTS = ("weights", "activation_peak", "non_torch", "kv_cache", "total")
 LOAD_S = 120  # Brython compiles labkit in the page: slow on a loaded 2-core machine
 

@@ -82,12 +82,31 @@ def test_zero_paper_worked_example_7_5b_on_64_gpus():
     assert [round(b * psi / 1e9, 2) for b in per_param] == [round(g, 2) for g in gb]
 
 
+@pytest.mark.parametrize("degrees, peers", [
+    (dict(), 0),  # one GPU: the CUDA context alone
+    (dict(dp_size=2), 1), (dict(dp_size=8), 2),  # a ring over 2 ranks has one peer, over more two
+    (dict(dp_size=8, tp_size=8, pp_size=4), 6), (dict(dp_size=2, pp_size=2), 2),  # pp = 2: one neighbour
+    (dict(dp_size=4, cp_size=4, tp_size=2), 2 + 2 + 1),  # the gradient ring spans the dp x cp replicas
+    (dict(dp_size=8, ep_size=8), 2 + 7),  # the all-to-all reaches every other rank of its group
+])
+def test_memory_outside_pytorch_grows_with_the_nccl_peers_of_a_rank(degrees, peers):
+    from labkit.estimate.training import run_peers
+    from labkit.memory.runtime import CONTEXT_BYTES, NCCL_BUFFSIZE, NCCL_CHANNELS
+    from labkit.parallel.config import RunConfig
+
+    run = RunConfig(micro_batch=1, num_microbatches=4, seq_len=4096, precision="bf16-mixed", **degrees)
+    assert run_peers(run) == peers
+    if run.ep_size == 1:  # a mixture of experts' training estimate is refused (the experts' terms)
+        est = training_memory(preset("llama-3-8b"), run)
+        assert est.non_torch == CONTEXT_BYTES + peers * NCCL_CHANNELS * NCCL_BUFFSIZE
+
+
 def test_an_estimate_prints_a_breakdown_and_converts_to_a_dict():
     est = training_memory("llama-3-8b", seq_len=8192, micro_batch=1, dims=dims(dp=8), zero_stage=1)
     d = est.to_dict()
-    assert d["total"] == sum(d[k] for k in ("params", "grads", "optimizer", "activations", "transient"))
+    assert d["total"] == sum(d[k] for k in ("params", "grads", "optimizer", "activations", "transient", "non_torch"))
     text = str(est)
-    for part in ("params", "grads", "optimizer", "activations", "transient", "total", "GB", "%"):
+    for part in ("params", "grads", "optimizer", "activations", "transient", "non_torch", "total", "GB", "%"):
         assert part in text
     assert f"{est.total / 1e9:.3f} GB" in text
     s = serving_memory("llama-3-8b", gpu="a100-80gb")

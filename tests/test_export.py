@@ -46,7 +46,9 @@ GRID = [RunConfig(dp_size=8, micro_batch=2, num_microbatches=4, seq_len=2048, ze
     RunConfig(dp_size=2, tp_size=2, pp_size=2, micro_batch=1, num_microbatches=4, v=2, seq_len=2048, zero_stage=3,
               recompute="full", sequence_parallel=True, precision="bf16-mixed-fp32-grads"),
     RunConfig(dp_size=4, cp_size=2, micro_batch=1, num_microbatches=2, seq_len=4096, zero_stage=1, precision="fp32"),
-    RunConfig(dp_size=4, tp_size=2, micro_batch=1, num_microbatches=2, seq_len=2048, zero_stage=3, optimizer="adam")]
+    RunConfig(dp_size=4, tp_size=2, micro_batch=1, num_microbatches=2, seq_len=2048, zero_stage=3, optimizer="adam"),
+    RunConfig(dp_size=8, micro_batch=2, num_microbatches=4, seq_len=2048, zero_stage=1,
+              precision="bf16-mixed-fp32-buffer")]  # DeepSpeed's BF16 optimizer, as BLOOM ran
 
 
 def _engine_python(engine: str) -> str:
@@ -212,6 +214,13 @@ def test_refusals_name_the_engine_and_the_setting():
         to_torchtitan(RunConfig(dp_size=2, seq_len=64, zero_stage=3, attention="eager"))
     with pytest.raises(ValueError, match=r"Megatron-LM cannot express offload_params=True"):
         to_megatron(RunConfig(dp_size=2, seq_len=64, zero_stage=3, offload=True, offload_params=True))
+    buffer = RunConfig(dp_size=2, seq_len=64, zero_stage=1, precision="bf16-mixed-fp32-buffer")
+    with pytest.raises(ValueError, match=r"Megatron-LM cannot express precision='bf16-mixed-fp32-buffer' is "
+                                         r"DeepSpeed's BF16 optimizer"):
+        to_megatron(buffer)
+    assert to_deepspeed(buffer)["data_types"] == {"grad_accum_dtype": "fp32"}
+    with pytest.raises(ValueError, match=r"zero_stage=2 must be 0 or 1"):
+        buffer.replace(zero_stage=2).check(PRESETS["llama-3-8b"])
     with pytest.raises(ValueError, match=r"engine='nope' is unknown; valid choices: \['deepspeed'"):
         export(BLOOM, "nope")
     with pytest.raises(TypeError, match=r"plan=.* must be a labkit.plan.TrainingPlan"):

@@ -1,4 +1,5 @@
-"""The mixed_fp32_grads policy (18 bytes per parameter) and the device-aware step counters."""
+"""The mixed_fp32_grads (18 bytes per parameter) and mixed_fp32_buffer (20) policies and the
+device-aware step counters."""
 
 from __future__ import annotations
 
@@ -59,6 +60,39 @@ def test_one_step_equals_mixed_precision():
         opt.step()
     for a, b in zip(model.parameters(), other.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # one micro-batch: the same fp32 gradient
+
+
+def test_meter_measures_20_bytes_per_parameter_of_the_bf16_optimizer_exactly():
+    model, (batch, _) = _model_and_batches("mixed_fp32_buffer")
+    opt = make_optimizer(model.parameters(), "mixed_fp32_buffer", "adamw", foreach=False)
+    measure_step(model, opt, batch)
+    report = measure_step(model, opt, batch)
+    want = model_state_bytes(count_params(CFG), "mixed_fp32_buffer", "adamw",
+                             n_tensors=len(list(model.parameters())))
+    assert [report.max_by_category[c] for c in STATES] == [want.params, want.grads, want.optimizer]
+    assert (want.params, want.grads) == (2 * count_params(CFG), 6 * count_params(CFG))
+
+
+def test_bf16_optimizer_adds_each_backwards_gradients_when_it_ends():
+    model, micro = _model_and_batches("mixed_fp32_buffer", n=3)
+    plain = copy.deepcopy(model)
+    opt = make_optimizer(model.parameters(), "mixed_fp32_buffer", "sgd", lr=0.0)
+    held = []
+    first = next(iter(model.parameters()))
+    hook = first.register_post_accumulate_grad_hook(lambda p: held.append(all(
+        buf.abs().sum() == 0 for buf in opt.grad_tensors()) if not held else held[-1]))
+    want = [torch.zeros(p.shape) for p in plain.parameters()]
+    for x, y in micro:
+        plain.zero_grad(set_to_none=True)
+        plain(x, y).backward()
+        for w, p in zip(want, plain.parameters()):
+            w += p.grad.float()
+        model(x, y).backward()
+        assert all(not p.grad.any() for p in model.parameters()), "the 16-bit .grad must be added and zeroed"
+    hook.remove()
+    assert held and held[0], "the buffers must stay untouched while the first backward runs"
+    for got, w in zip(opt.grad_tensors(), want):
+        torch.testing.assert_close(got, w, rtol=0, atol=0)  # the same bf16 terms added in fp32
 
 
 def test_step_counters_are_device_memory_only_where_they_live():

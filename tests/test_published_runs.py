@@ -28,7 +28,7 @@ def test_the_runs_use_what_their_sources_report():
     bloom, l8k, l128k = PUBLISHED["bloom-176b"], PUBLISHED["llama3-405b-8k"], PUBLISHED["llama3-405b-128k"]
     # BLOOM: no sequence parallelism, full checkpointing, the BF16 optimizer's fp32 gradients, ZeRO-1
     assert (bloom.run.sequence_parallel, bloom.run.recompute, bloom.run.zero_stage) == (False, "full", 1)
-    assert bloom.run.precision == "bf16-mixed-fp32-grads" and round(bloom.shape.num_params() / 1e9) == 176
+    assert bloom.run.precision == "bf16-mixed-fp32-buffer" and round(bloom.shape.num_params() / 1e9) == 176
     # Llama 3 at 8K: no activation checkpointing, interleaved, FSDP without resharding after forward
     assert (l8k.run.recompute, l8k.run.schedule, l8k.run.reshard_after_forward) == ("none", "interleaved", False)
     assert (l8k.run.tp_size, l8k.run.pp_size, l8k.run.dp_size, l8k.run.global_batch) == (8, 16, 64, 2048)

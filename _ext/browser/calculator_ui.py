@@ -70,7 +70,7 @@ STEP_MS = 40  # the planner's sweep runs this long between the browser's turns (
 PLAN_COLUMNS = ("tp_size", "pp_size", "v", "dp_size", "cp_size", "zero_stage", "recompute",
                 "sequence_parallel", "micro_batch", "num_microbatches", "step_time_s", "mfu", "total")
 
-TRAIN_PARTS = ("params", "grads", "optimizer", "activations", "transient")
+TRAIN_PARTS = ("params", "grads", "optimizer", "activations", "transient", "non_torch")
 SERVE_PARTS = ("weights", "activation_peak", "non_torch", "kv_cache")
 
 

@@ -15,6 +15,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..hardware import get_gpu
+from ..memory.runtime import CONTEXT_BYTES, ring_peers
+from ..memory.runtime import non_torch_bytes as outside_bytes
 from ..paged_attention.analytic import blocks_for_tokens, cached_tokens, kv_bytes_per_token
 from ..validate import ArgumentError, check_choice, check_float, check_int
 from .report import breakdown
@@ -22,7 +24,7 @@ from .training import as_shape
 
 __all__ = ["ServingEstimate", "serving_memory", "check_context_len", "NON_TORCH_BYTES", "PROFILE_TOKENS"]
 
-NON_TORCH_BYTES = 2**30  # CUDA context, NCCL and cuBLAS workspaces: assumed 1 GiB (vLLM measures it)
+NON_TORCH_BYTES = CONTEXT_BYTES  # one GPU's memory outside PyTorch: labkit.memory.runtime (vLLM measures it)
 PROFILE_TOKENS = 8192  # tokens of vLLM's profiling forward: its max_num_batched_tokens, assumed 8192
 
 
@@ -77,11 +79,12 @@ def check_context_len(shape, context_len: int) -> None:
 
 def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_bytes: int = 2,
                    block_size: int = 16, gpu_memory_utilization: float = 0.9,
-                   profile_tokens: int = PROFILE_TOKENS, non_torch_bytes: int = NON_TORCH_BYTES) -> ServingEstimate:
+                   profile_tokens: int = PROFILE_TOKENS, non_torch_bytes: int | None = None) -> ServingEstimate:
     """The KV cache one GPU of ``tp_size`` holds, by vLLM's rule.
 
     budget = ``gpu_memory_utilization`` x memory; KV cache = budget - weights (this rank's
-    parameters x ``weight_bytes``) - forward peak - ``non_torch_bytes``. The forward peak is
+    parameters x ``weight_bytes``) - forward peak - ``non_torch_bytes`` (None: the CUDA context and,
+    over t > 1 ranks, NCCL's buffers for the tensor-parallel ring, ``labkit.memory.runtime``). The forward peak is
     assumed, not profiled: vLLM's profiling batch of ``profile_tokens`` tokens runs without
     autograd and with a FlashAttention-style kernel (no s^2 scores), so at most one layer's tensors
     live at once: the residual stream, the norm's output and the attention output (3h a token,
@@ -98,6 +101,8 @@ def serving_memory(shape, *, gpu, tp_size: int = 1, weight_bytes: int = 2, kv_by
     check_int("block_size", block_size, 1)
     check_float("gpu_memory_utilization", gpu_memory_utilization, above=0.0, maximum=1.0)
     check_int("profile_tokens", profile_tokens, 1)
+    if non_torch_bytes is None:
+        non_torch_bytes = outside_bytes(ring_peers(t))
     check_int("non_torch_bytes", non_torch_bytes, 0)
     kv = shape.kv_heads
     unmodelled = [f for f in shape.features() if f in ("per-layer windows", "chunked attention")]

@@ -15,11 +15,13 @@ from functools import lru_cache
 from ..memory.analytic import (ATTENTION, RECOMPUTE, embedding_bytes, head_bytes, korthikanti_activation_bytes,
                                llama_layer_bytes, lse_bytes)
 from ..memory.fused import fused_llama_layer_bytes
+from ..memory.runtime import non_torch_bytes, ring_peers
 from ..pipeline.analytic import max_in_flight
 from ..pipeline.schedules import make_schedule, peak_layers_in_flight
 from ..shapes import ModelShape, preset
 from ..validate import ArgumentError, check_bool, check_choice, check_int
-from ..zero.analytic import STAGES, zero_model_state_bytes
+from ..zero.analytic import STAGES
+from ..zero.analytic import zero_model_state_bytes as _zero_states
 from .report import breakdown
 
 __all__ = ["MemoryEstimate", "training_memory", "layer_activation_bytes", "PRECISIONS", "OPTIMIZERS", "as_shape",
@@ -27,7 +29,8 @@ __all__ = ["MemoryEstimate", "training_memory", "layer_activation_bytes", "PRECI
 
 # precision -> (labkit.memory's policy for the model states, bytes of an activation element)
 PRECISIONS = {"bf16-mixed": ("mixed", 2), "fp16-mixed": ("mixed", 2),
-              "bf16-mixed-fp32-grads": ("mixed_fp32_grads", 2), "bf16": ("bf16", 2), "fp32": ("fp32", 4)}
+              "bf16-mixed-fp32-grads": ("mixed_fp32_grads", 2), "bf16-mixed-fp32-buffer": ("mixed_fp32_buffer", 2),
+              "bf16": ("bf16", 2), "fp32": ("fp32", 4)}
 OPTIMIZERS = ("adamw", "adam", "sgd_momentum", "sgd")
 # What the activation count models of the features beyond labkit's block (ModelShape.features):
 # biases and windows leave the tensors a layer keeps unchanged. Any other is refused by name.
@@ -37,8 +40,9 @@ TRAINING_MODELS = ("q/k/v biases", "output bias", "per-layer windows", "chunked 
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per GPU of the most loaded rank (pipeline ``stage``): model states, the activations
-    kept for backward, and ``transient``, the peaks above them (logits and loss, the gathered
-    ZeRO-3 unit, a layer recomputed in full). ``offloaded``: bytes moved to the CPU."""
+    kept for backward, ``transient``, the peaks above them (logits and loss, the gathered ZeRO-3
+    unit, a layer recomputed in full), and ``non_torch``, what the process holds outside PyTorch's
+    tensors (``labkit.memory.runtime``: assumed, stated). ``offloaded``: bytes moved to the CPU."""
 
     params: int
     grads: int
@@ -47,16 +51,17 @@ class MemoryEstimate:
     transient: int
     stage: int = 0
     offloaded: int = 0
+    non_torch: int = 0
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.transient
+        return self.params + self.grads + self.optimizer + self.activations + self.transient + self.non_torch
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
 
     def __str__(self) -> str:
-        parts = {k: getattr(self, k) for k in ("params", "grads", "optimizer", "activations", "transient")}
+        parts = {k: getattr(self, k) for k in ("params", "grads", "optimizer", "activations", "transient", "non_torch")}
         notes = (f"(pipeline stage {self.stage}; {self.offloaded / 1e9:.3f} GB offloaded to the CPU)",) \
             if self.offloaded else (f"(pipeline stage {self.stage})",)
         return breakdown("Training memory per GPU (GB = 10^9 bytes)", parts, self.total, notes)
@@ -175,7 +180,7 @@ def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
     states = zero_model_state_bytes(n_params, run.replicas, run.zero_stage, policy, run.optimizer)
     s, b, t = run.seq_len // cp, run.micro_batch, tp
     layer = dict(sequence_parallel=sp, dtype_bytes=e, attention=run.attention, kernels=run.kernels)
-    kept = layer_activation_bytes(shape, s, b, t, recompute=run.recompute, **layer)
+    kept = _layer_bytes(shape, s, b, t, run.recompute, **layer)
     # Stage `stage` holds max_in_flight micro-batches (chunks of 1/v of its layers, interleaved).
     # Under 1F1B with m >= p that is p - stage: stage 0 keeps p x L/p = L layers' worth of
     # activations whatever p is, so pipelining divides the model states but not stage 0's activations.
@@ -195,9 +200,37 @@ def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
                                               dtype_bytes=e, tp_size=t, sequence_parallel=sp)
     params = 0 if run.offload_params else states.params
     offloaded = (states.grads + states.optimizer if run.offload else 0) + (states.params if run.offload_params else 0)
+    outside = _outside(run.tp_size, run.cp_size, run.replicas, run.pp_size, run.ep_size)
     if run.offload:
-        return MemoryEstimate(params, 0, 0, activations, transient, stage, offloaded=offloaded)
-    return MemoryEstimate(params, states.grads, states.optimizer, activations, transient, stage, offloaded=offloaded)
+        return MemoryEstimate(params, 0, 0, activations, transient, stage, offloaded, outside)
+    return MemoryEstimate(params, states.grads, states.optimizer, activations, transient, stage, offloaded, outside)
+
+
+def run_peers(run) -> int:
+    """The NCCL peers of one rank of ``run`` (``labkit.memory.runtime``): a ring over each of the
+    tensor-parallel, context-parallel and gradient (dp x cp replicas) groups, a pipeline stage's
+    neighbours, and every other rank of an expert-parallel all-to-all."""
+    return _peers(run.tp_size, run.cp_size, run.replicas, run.pp_size, run.ep_size)
+
+
+def _peers(tp: int, cp: int, replicas: int, pp: int, ep: int) -> int:
+    pipeline = 0 if pp == 1 else (1 if pp == 2 else 2)
+    return ring_peers(tp) + ring_peers(cp) + ring_peers(replicas) + pipeline + ep - 1
+
+
+# A planner's sweep sizes the same layer, and the same model states, again and again: kept.
+zero_model_state_bytes = lru_cache(maxsize=8192)(_zero_states)
+
+
+@lru_cache(maxsize=8192)
+def _layer_bytes(shape, s: int, b: int, t: int, recompute: str, **layer) -> int:
+    return layer_activation_bytes(shape, s, b, t, recompute=recompute, **layer)
+
+
+@lru_cache(maxsize=1024)
+def _outside(tp: int, cp: int, replicas: int, pp: int, ep: int) -> int:
+    """non_torch_bytes of a rank with these degrees, kept: a planner's sweep asks again and again."""
+    return non_torch_bytes(_peers(tp, cp, replicas, pp, ep))
 
 
 def _layers_in_flight(shape, run, stage: int, in_flight: int) -> int:
@@ -229,7 +262,7 @@ def _transient(shape, run, stage: int, s: int, b: int, e: int, layer: dict, poli
     t = run.tp_size
     transient = 0
     if run.recompute == "full":  # backward recomputes one layer at a time: its activations, all kept
-        transient += layer_activation_bytes(shape, s, b, t, recompute="none", **layer)
+        transient += _layer_bytes(shape, s, b, t, "none", **layer)
     if run.zero_stage == 3 and run.replicas > 1:
         one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, run.optimizer)
         transient += one.params + one.grads

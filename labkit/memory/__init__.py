@@ -8,12 +8,15 @@ from .._lazy import lazy_exports
 from .analytic import (RECOMPUTE, ActivationBytes, ModelStateBytes, activation_bytes, head_bytes,
                        korthikanti_activation_bytes, llama_layer_bytes, model_state_bytes)
 from .fused import KERNELS, fused_llama_layer_bytes
+from .runtime import CONTEXT_BYTES, NCCL_BUFFSIZE, NCCL_CHANNELS, non_torch_bytes, ring_peers
 
 __all__ = [
     # analytic: Chapter 1's formulas
     "ModelStateBytes", "model_state_bytes", "ActivationBytes", "activation_bytes",
     "korthikanti_activation_bytes", "llama_layer_bytes", "head_bytes", "RECOMPUTE",
     "KERNELS", "fused_llama_layer_bytes",
+    # runtime: what a GPU process holds outside PyTorch's tensors (assumed, stated)
+    "CONTEXT_BYTES", "NCCL_BUFFSIZE", "NCCL_CHANNELS", "non_torch_bytes", "ring_peers",
     # measured: the meter and the one step loop
     "CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
     "optimizer_tensors", "train_step",

@@ -28,9 +28,9 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 
 # bytes per parameter: (parameters, gradients, optimizer states) for each policy
-_PARAM_GRAD = {"fp32": (4, 4), "mixed": (2, 2), "mixed_fp32_grads": (2, 4), "bf16": (2, 2)}
-_MASTER = {"fp32": 0, "mixed": 4, "mixed_fp32_grads": 4, "bf16": 0}  # an fp32 copy of the weights
-_STATE_BYTES = {"fp32": 4, "mixed": 4, "mixed_fp32_grads": 4, "bf16": 2}  # dtype of optimizer moments
+_PARAM_GRAD = {"fp32": (4, 4), "mixed": (2, 2), "mixed_fp32_grads": (2, 4), "mixed_fp32_buffer": (2, 6), "bf16": (2, 2)}
+_MASTER = {"fp32": 0, "mixed": 4, "mixed_fp32_grads": 4, "mixed_fp32_buffer": 4, "bf16": 0}  # an fp32 copy of the weights
+_STATE_BYTES = {"fp32": 4, "mixed": 4, "mixed_fp32_grads": 4, "mixed_fp32_buffer": 4, "bf16": 2}  # optimizer moments
 _N_STATES = {"adam": 2, "adamw": 2, "sgd_momentum": 1, "sgd": 0}
 _STEP_COUNTER = {"adam": 4, "adamw": 4, "sgd_momentum": 0, "sgd": 0}  # torch's fp32 `step` per tensor
 
@@ -57,7 +57,9 @@ def model_state_bytes(n_params: int, precision: str = "mixed", optimizer: str = 
     """Model-state bytes of Ψ = ``n_params`` parameters (Chapter 1, eq. 16Ψ).
 
     ``precision``: ``"fp32"``, ``"mixed"`` (16-bit params and grads, fp32 master weights),
-    ``"mixed_fp32_grads"`` (mixed with an fp32 gradient buffer: 18 bytes with Adam) or ``"bf16"``; ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd_momentum"`` or ``"sgd"``.
+    ``"mixed_fp32_grads"`` (mixed with an fp32 gradient buffer: 18 bytes with Adam),
+    ``"mixed_fp32_buffer"`` (the 16-bit gradients of a backward held beside that buffer until it
+    ends, DeepSpeed's BF16 optimizer: 20 bytes) or ``"bf16"``; ``optimizer``: ``"adam"``, ``"adamw"``, ``"sgd_momentum"`` or ``"sgd"``.
     ``n_tensors``: number of parameter tensors; torch's Adam keeps a 4-byte step count for each,
     on the CPU unless the optimizer is ``fused`` or ``capturable`` (``step_on_device=True``): on
     ``device_type="cuda"`` the counters are then host memory and not counted.

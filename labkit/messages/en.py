@@ -22,6 +22,7 @@ CATALOGUE = {
     "option.sequence_parallel.on": "on",
     "option.precision.bf16-mixed": "bf16 mixed", "option.precision.fp16-mixed": "fp16 mixed",
     "option.precision.bf16-mixed-fp32-grads": "bf16 mixed, fp32 gradients",
+    "option.precision.bf16-mixed-fp32-buffer": "bf16 mixed, bf16 gradients added to an fp32 buffer",
     "option.precision.bf16": "bf16", "option.precision.fp32": "fp32",
     "option.optimizer.adamw": "AdamW", "option.optimizer.adam": "Adam",
     "option.optimizer.sgd_momentum": "SGD with momentum", "option.optimizer.sgd": "SGD",

@@ -20,6 +20,7 @@ CATALOGUE = {
     "option.sequence_parallel.on": "开",
     "option.precision.bf16-mixed": "bf16 混合精度", "option.precision.fp16-mixed": "fp16 混合精度",
     "option.precision.bf16-mixed-fp32-grads": "bf16 混合精度，fp32 梯度",
+    "option.precision.bf16-mixed-fp32-buffer": "bf16 混合精度，bf16 梯度累加到 fp32 缓冲区",
     "option.precision.bf16": "纯 bf16", "option.precision.fp32": "fp32",
     "option.optimizer.adamw": "AdamW", "option.optimizer.adam": "Adam",
     "option.optimizer.sgd_momentum": "带动量的 SGD", "option.optimizer.sgd": "SGD",

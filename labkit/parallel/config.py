@@ -34,7 +34,7 @@ __all__ = ["RunConfig", "ATTENTION", "RECOMPUTE", "PRECISIONS", "OPTIMIZERS", "c
 
 # The precisions and optimizers the estimator models (labkit.estimate.training.PRECISIONS maps each
 # precision to its byte counts); named here so that RunConfig validates without the estimator.
-PRECISIONS = ("bf16-mixed", "fp16-mixed", "bf16-mixed-fp32-grads", "bf16", "fp32")
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "bf16-mixed-fp32-grads", "bf16-mixed-fp32-buffer", "bf16", "fp32")
 OPTIMIZERS = ("adamw", "adam", "sgd_momentum", "sgd")
 _INTS = ("dp_size", "tp_size", "pp_size", "cp_size", "ep_size", "micro_batch", "num_microbatches", "v")
 _BOOLS = ("sequence_parallel", "offload", "offload_params", "reshard_after_forward", "overlap_grad_reduce")
@@ -142,7 +142,7 @@ class RunConfig:
             check_cp_seq_len(s, self.cp_size, "zigzag")
         check_sequence_parallel(self.sequence_parallel, self.tp_size, s // self.cp_size)
         check_zero(self.zero_stage, self.replicas, offload=self.offload, offload_params=self.offload_params,
-                   reshard_after_forward=self.reshard_after_forward)
+                   reshard_after_forward=self.reshard_after_forward, precision=self.precision)
         self.dims  # ParallelDims: ep divides dp_size (the expert axis is carved out of data parallelism)
         if self.ep_size > 1:
             if not shape.n_experts:

@@ -47,7 +47,7 @@ PUBLISHED = {
     "bloom-176b": PublishedRun(
         "BLOOM-176B", BLOOM, "a100-80gb", 384,
         RunConfig(dp_size=8, tp_size=4, pp_size=12, micro_batch=2, num_microbatches=128, seq_len=2048,
-                  zero_stage=1, recompute="full", precision="bf16-mixed-fp32-grads", attention="eager"),
+                  zero_stage=1, recompute="full", precision="bf16-mixed-fp32-buffer", attention="eager"),
         6.25, 150.0, "hfu",
         "bigscience-workshop/bigscience train/tr11-176B-ml (slurm script: TP 4, PP 12, MBS 2, GBS 2048, "
         "--checkpoint-activations, BF16 optimizer with its unsharded fp32 gradient buffer; logs: 149-150 "

@@ -21,18 +21,23 @@ STAGES = (0, 1, 2, 3)
 
 
 def check_zero(zero_stage: int, replicas: int, *, offload: bool = False, offload_params: bool = False,
-               reshard_after_forward: bool = True) -> int:
+               reshard_after_forward: bool = True, precision: str | None = None) -> int:
     """``zero_stage`` if it is valid over ``replicas`` ranks holding the same parameters, else a
     ValueError naming the argument: a stage of 0-3 (over one replica ZeRO shards nothing but still
     runs, as ZeRO-Offload does on one GPU); offloading the optimizer needs ZeRO (ZeRO-Offload: stage 1 or more); offloading the
     parameters, or keeping them gathered from forward to backward (FSDP's
-    ``reshard_after_forward=False``), needs stage 3 (DeepSpeed's ``offload_param``). The one home of these rules."""
+    ``reshard_after_forward=False``), needs stage 3 (DeepSpeed's ``offload_param``); ``precision``
+    "bf16-mixed-fp32-buffer" (DeepSpeed's BF16 optimizer, its own stage-1 equivalent) needs stage 0
+    or 1. The one home of these rules."""
     check_choice("zero_stage", zero_stage, STAGES)
     check_int("replicas", replicas, 1)
     for name, value in (("offload", offload), ("offload_params", offload_params),
                         ("reshard_after_forward", reshard_after_forward)):
         if not isinstance(value, bool):
             raise TypeError(f"{name}={value!r} must be a bool")
+    if precision == "bf16-mixed-fp32-buffer" and zero_stage > 1:
+        raise ValueError(f"precision='bf16-mixed-fp32-buffer' (DeepSpeed's BF16 optimizer) keeps its fp32 gradient "
+                         f"buffer unsharded: zero_stage={zero_stage} must be 0 or 1")
     if offload and zero_stage == 0:
         raise ValueError("offload=True (ZeRO-Offload) moves the optimizer's shard to the CPU: it needs "
                          "zero_stage >= 1")

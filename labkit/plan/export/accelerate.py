@@ -43,7 +43,7 @@ def to_accelerate(plan, *, gpus_per_node: int = 8, gradient_clipping: float = 1.
                "switch for it")
     if run.pp_size > 1:
         refuse("accelerate", f"pp_size={run.pp_size}: it trains without pipeline parallelism")
-    if run.precision in ("bf16", "bf16-mixed-fp32-grads"):
+    if run.precision in ("bf16", "bf16-mixed-fp32-grads", "bf16-mixed-fp32-buffer"):
         refuse("accelerate", f"precision={run.precision!r}: mixed_precision is bf16, fp16 or no")
     if run.offload and run.zero_stage == 3 and not run.offload_params:
         refuse("accelerate", "offload without offload_params under FSDP (fsdp_offload_params moves all states)")

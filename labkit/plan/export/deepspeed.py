@@ -26,7 +26,7 @@ def _ds_precision(run: RunConfig) -> dict:
     out = {"bf16": {"enabled": p.startswith("bf16")}, "fp16": {"enabled": p == "fp16-mixed"}}
     if p == "fp16-mixed":
         out["fp16"].update(loss_scale=0, initial_scale_power=16)  # dynamic loss scaling
-    if p == "bf16-mixed-fp32-grads":
+    if p in ("bf16-mixed-fp32-grads", "bf16-mixed-fp32-buffer"):
         out["data_types"] = {"grad_accum_dtype": "fp32"}
     elif p == "bf16-mixed" and run.zero_stage in (1, 2):
         note("DeepSpeed", "ZeRO-1/2 under bf16 keeps its gradient partition and master copy in fp32 "

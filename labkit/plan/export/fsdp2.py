@@ -122,6 +122,8 @@ def _fsdp2_check(run: RunConfig) -> None:
         refuse("FSDP2", "offload=True without offload_params: CPUOffloadPolicy moves the parameters too")
     if run.precision == "fp16-mixed":
         refuse("FSDP2", "precision='fp16-mixed' here: its loss scaling (ShardedGradScaler) is not emitted")
+    if run.precision == "bf16-mixed-fp32-buffer":
+        refuse("FSDP2", "precision='bf16-mixed-fp32-buffer' is DeepSpeed's BF16 optimizer, at ZeRO stage 0 or 1")
     if run.ep_size > 1:
         refuse("FSDP2", f"ep_size={run.ep_size}: expert parallelism is not emitted")
     if run.recompute == "selective":

@@ -58,6 +58,9 @@ def _megatron_memory(run: RunConfig) -> list:
               "moves its gradients too)")
     if run.precision == "bf16":
         refuse("Megatron-LM", "precision='bf16' (no fp32 master copy)")
+    if run.precision == "bf16-mixed-fp32-buffer":
+        refuse("Megatron-LM", "precision='bf16-mixed-fp32-buffer' is DeepSpeed's BF16 optimizer: Megatron-LM adds "
+               "each gradient into its fp32 main_grad as it is made (precision='bf16-mixed-fp32-grads')")
     args += {"bf16-mixed": ["--bf16", "--grad-reduce-in-bf16"], "bf16-mixed-fp32-grads": ["--bf16"],
              "fp16-mixed": ["--fp16"], "fp32": []}[run.precision]
     return args

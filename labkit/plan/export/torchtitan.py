@@ -68,6 +68,9 @@ def _titan_precision(run: RunConfig) -> list:
         return ["--training.dtype", "bfloat16"]
     if run.precision == "fp32":
         return ["--training.mixed-precision-param", "float32"]
+    if run.precision == "bf16-mixed-fp32-buffer":
+        refuse("torchtitan", "precision='bf16-mixed-fp32-buffer' is DeepSpeed's BF16 optimizer; FSDP keeps its "
+               "gradients in fp32 itself")
     note("torchtitan", "FSDP keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes a parameter, "
           "the plan's 2 + 2 + 4 + 8 = 16 arranged differently) and gathers bf16 copies")
     return ["--training.mixed-precision-param", "bfloat16", "--training.mixed-precision-reduce", "float32"]
