@@ -31,7 +31,7 @@ CJK_FONTS = ["Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "DejaV
 CHINESE = {
     "phase": {"forward": "前向传播", "backward": "反向传播", "optimizer": "优化器更新"},
     "term": {"params": "参数", "grads": "梯度", "optimizer": "优化器状态",
-             "activations": "激活值", "transient": "临时缓冲区"},
+             "activations": "激活值", "transient": "临时缓冲区", "non_torch": "PyTorch 之外的显存"},
     "recompute": {"none": "不重计算", "selective": "选择性重计算", "full": "完全重计算",
                   "sqrt": "√n 分段检查点"},
 }

@@ -25,7 +25,7 @@ from .steptime import StepTime, step_flops, step_time
 __all__ = ["TrainingPlan", "TrainingPlans", "Overflow", "overflow_term", "plan_training", "RECOMPUTE", "TERMS"]
 
 RECOMPUTE = ("none", "selective", "full")
-TERMS = ("params", "grads", "optimizer", "activations", "transient")
+TERMS = ("params", "grads", "optimizer", "activations", "transient", "non_torch")
 
 
 @dataclass(frozen=True)

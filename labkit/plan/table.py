@@ -23,14 +23,15 @@ def _gb(n) -> str:
 
 def training_table(result, top: int) -> str:
     """The best ``top`` plans within 80 columns: degrees, knobs, the per-GPU memory in GB (model
-    states = parameters, gradients and optimizer states; ``--json`` keeps each apart), step time
-    and MFU. ``zero`` reads "2+cpu" for ZeRO-Offload."""
-    header = ["t", "p", "v", "dp", "cp", "zero", "recompute", "sp", "b", "m", "states", "activ", "trans",
+    states = parameters, gradients and optimizer states; other = the transient peaks and the memory
+    outside PyTorch; ``--json`` keeps each apart), step time and MFU. ``zero`` reads "2+cpu" for
+    ZeRO-Offload."""
+    header = ["t", "p", "v", "dp", "cp", "zero", "recompute", "sp", "b", "m", "states", "activ", "other",
               "total GB", "step s", "MFU"]
     rows = [[p.tp_size, p.pp_size, p.v, p.dp_size, p.cp_size, f"{p.zero_stage}+cpu" if p.offload else p.zero_stage,
              p.recompute, "yes" if p.sequence_parallel else "no", p.micro_batch, p.num_microbatches,
              _gb(p.memory.params + p.memory.grads + p.memory.optimizer),
-             *(_gb(getattr(p.memory, k)) for k in ("activations", "transient")),
+             _gb(p.memory.activations), _gb(p.memory.transient + p.memory.non_torch),
              _gb(p.memory.total), f"{p.step_time_s:.2f}", f"{p.mfu:.1%}"] for p in result.plans[:top]]
     limit = result.plans[0].limit_bytes
     return (f"{len(result.plans)} of {result.considered} configurations fit in {_gb(limit)} GB a GPU; "
