@@ -200,8 +200,35 @@ def accelerate_case(text: str, world: dict) -> dict:
     return out
 
 
+def megatron_flags_case(args: list, world: dict) -> dict:
+    """The flags of a Megatron-LM command line that megatron-core 0.16.1's configs do not know
+    (a chapter's fragment, without the model's own flags: names only)."""
+    import dataclasses
+
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer import TransformerConfig
+
+    known = {f.name for c in (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)
+             for f in dataclasses.fields(c)} | _MEGATRON_OWN
+    return {"unknown": sorted(f"--{n.replace('_', '-')}" for n in _megatron_flags(args) if n not in known)}
+
+
+def imports_case(source: str, world: dict) -> dict:
+    """Run the imports of a Python fragment (its import statements alone) in this interpreter."""
+    import ast
+
+    tree = ast.parse(source)
+    lines = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    try:
+        exec("\n".join(lines), {})
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"imports": len(lines)}
+
+
 CASES = {"deepspeed": deepspeed_case, "megatron": megatron_case, "torchtitan": torchtitan_case,
-         "accelerate": accelerate_case}
+         "accelerate": accelerate_case, "megatron_flags": megatron_flags_case, "imports": imports_case}
 
 
 def main() -> None:
