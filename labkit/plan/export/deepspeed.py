@@ -13,7 +13,7 @@ MAPPING = {"dp_size x micro_batch x num_microbatches": "train_batch_size",
            "zero_stage": "zero_optimization.stage", "offload": "zero_optimization.offload_optimizer.device",
            "offload_params": "zero_optimization.offload_param.device",
            "overlap_grad_reduce": "zero_optimization.overlap_comm", "precision": "bf16 / fp16 / data_types",
-           "recompute='full'": "activation_checkpointing", "pp_size": "pipeline.stages (PipelineModule)",
+           "recompute='full'": "activation_checkpointing", "pp_size": "PipelineModule(num_stages=...)",
            "tp_size": "tensor_parallel.autotp_size", "optimizer": "optimizer.type",
            "gradient_clipping": "gradient_clipping"}
 
@@ -62,10 +62,10 @@ def _ds_layout(run: RunConfig) -> dict:
                     "ZeRO-0 or ZeRO-1 only")
         if run.v > 1 or (run.schedule == "gpipe" and run.num_microbatches >= run.pp_size):
             refuse("DeepSpeed", f"schedule={run.schedule!r} (v={run.v}): its PipelineEngine runs 1F1B only")
-        out["pipeline"] = {"stages": run.pp_size, "partition": "uniform",
-                           "activation_checkpoint_interval": int(run.recompute == "full")}
+        out["pipeline"] = {"activation_checkpoint_interval": int(run.recompute == "full")}
         note("DeepSpeed", f"build the model as deepspeed.pipe.PipelineModule(layers, num_stages={run.pp_size}, "
-              "partition_method='uniform'): the pipeline block configures it")
+              "partition_method='uniform'): the stages are the module's arguments (the config's pipeline "
+              "block sets its recomputation only)")
     if run.ep_size > 1:
         note("DeepSpeed", f"ep_size={run.ep_size} is deepspeed.moe.layer.MoE(..., ep_size={run.ep_size}) in the model")
     return out
