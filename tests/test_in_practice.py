@@ -73,6 +73,12 @@ def test_every_technique_chapter_has_the_section_in_both_editions():
         assert 'msgid "In practice"\nmsgstr "实践中"' in po, chapter
 
 
+def test_every_code_line_fits_the_books_80_columns(blocks):
+    long = [(c, line) for kind in blocks.values() for c, body in kind for line in body.splitlines()
+            if len(line) > 80]
+    assert long == []
+
+
 def test_each_engine_is_shown_somewhere(blocks):
     assert all(blocks[kind] for kind in blocks), {k: len(v) for k, v in blocks.items()}
 
