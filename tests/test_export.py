@@ -220,6 +220,11 @@ def test_refusals_name_the_engine_and_the_setting():
                                          r"DeepSpeed's BF16 optimizer"):
         to_megatron(buffer)
     assert to_deepspeed(buffer)["data_types"] == {"grad_accum_dtype": "fp32"}
+    with pytest.raises(ValueError, match=r"DeepSpeed cannot express precision='bf16-mixed-fp32-buffer' with "
+                                         r"zero_stage=0: it accumulates bf16 gradients in fp32 only under ZeRO"):
+        to_deepspeed(buffer.replace(zero_stage=0))
+    with pytest.warns(ExportNote, match="its BF16 optimizer, which also holds the bf16 gradients"):
+        to_deepspeed(buffer.replace(precision="bf16-mixed-fp32-grads"))
     with pytest.raises(ValueError, match=r"zero_stage=2 must be 0 or 1"):
         buffer.replace(zero_stage=2).check(PRESETS["llama-3-8b"])
     with pytest.raises(ValueError, match=r"engine='nope' is unknown; valid choices: \['deepspeed'"):

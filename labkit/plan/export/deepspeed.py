@@ -27,7 +27,14 @@ def _ds_precision(run: RunConfig) -> dict:
     if p == "fp16-mixed":
         out["fp16"].update(loss_scale=0, initial_scale_power=16)  # dynamic loss scaling
     if p in ("bf16-mixed-fp32-grads", "bf16-mixed-fp32-buffer"):
+        if run.zero_stage == 0:  # its engine's optimizer check raises on this mix without ZeRO
+            refuse("DeepSpeed", f"precision={p!r} with zero_stage=0: it accumulates bf16 gradients in fp32 only "
+                   "under ZeRO (at stage 1 as its BF16 optimizer)")
         out["data_types"] = {"grad_accum_dtype": "fp32"}
+        if p == "bf16-mixed-fp32-grads" and run.zero_stage == 1 and not run.offload:
+            note("DeepSpeed", "bf16 with fp32 gradient accumulation at ZeRO stage 1 is its BF16 optimizer, which "
+                 "also holds the bf16 gradients: 2 bytes a parameter more than the plan counts "
+                 "(precision='bf16-mixed-fp32-buffer' counts them)")
     elif p == "bf16-mixed" and run.zero_stage in (1, 2):
         note("DeepSpeed", "ZeRO-1/2 under bf16 keeps its gradient partition and master copy in fp32 "
               "(4 + 4 bytes a parameter where the plan counts 2 + 4)")
