@@ -18,6 +18,7 @@ import torch
 from torch.testing import assert_close
 
 from dist_workers import pipeline_and_grid, pipeline_extras
+from labkit.busy import busy_note
 from labkit.dist import launch
 from labkit.pipeline import Timeline, bubble_fraction, max_in_flight
 from labkit.runs.parallel3d import parallel_3d_rank, reference_train
@@ -139,9 +140,18 @@ def test_measured_bubble_is_within_5_percent_of_the_formula(runs):
         # each of the 2 v p - 2 = 14 messages on the interleaved step's critical path (more for
         # GPipe and 1F1B, 6 messages); a runtime whose ranks took turns idles 1 - 1/p = 75%
         tls = [Timeline([r["sleep"][(name, m, v)][i]["events"] for r in runs[p]]) for i in range(3)]
-        measured[name] = min(tls, key=lambda t: t.makespan).bubble
         want = bubble_fraction(p, m, name, v)
-        assert abs(measured[name] - want) <= 0.05 * want, (name, measured[name], want)
+        for again in range(4):
+            measured[name] = min(tls, key=lambda t: t.makespan).bubble
+            if abs(measured[name] - want) <= 0.05 * want or again == 3:
+                break
+            # A loaded machine (a second test run beside this one) can stretch all three runs;
+            # three more, launched afresh, at most three times. Waiting cannot shorten a runtime's
+            # own schedule below what it is: one that idles more than the formula still fails.
+            more = launch(pipeline_rank, p, sleep_cases=[(name, m, v)], sleep_repeats=3, sleep_costs=SLEEP_COSTS,
+                          global_batch=BATCH, dtype=F64, **GLOO)
+            tls += [Timeline([r["sleep"][(name, m, v)][i]["events"] for r in more]) for i in range(3)]
+        assert abs(measured[name] - want) <= 0.05 * want, (name, measured[name], want, busy_note())
     assert measured["interleaved"] < measured["1f1b"]
 
 
