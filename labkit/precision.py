@@ -62,7 +62,7 @@ class MasterWeightOptimizer:
         self.inner = optimizer_cls(self.master, **optimizer_kwargs)
         self.param_groups = self.inner.param_groups
         self.main_grads = [torch.zeros_like(m) for m in self.master] if fp32_grads else None
-        self._flush_queued = False
+        self._flush_task = None  # the backward (autograd graph task) whose end will call _flush
         if fp32_grads:
             for p, buf in zip(self.params, self.main_grads):
                 p.register_post_accumulate_grad_hook(self._queue_flush if after_backward else self._accumulate_into(buf))
@@ -75,14 +75,15 @@ class MasterWeightOptimizer:
         return hook
 
     def _queue_flush(self, p):
-        """The first gradient of a backward asks autograd to call _flush when that backward ends."""
-        if not self._flush_queued:
-            self._flush_queued = True
+        """The first gradient of each backward asks autograd to call _flush when that backward
+        ends (keyed by its graph task, so a backward that raised leaves nothing pending)."""
+        task = torch._C._current_graph_task_id()
+        if task != self._flush_task:
+            self._flush_task = task
             torch.autograd.Variable._execution_engine.queue_callback(self._flush)
 
     @torch.no_grad()
     def _flush(self):
-        self._flush_queued = False
         for p, buf in zip(self.params, self.main_grads):
             if p.grad is not None:
                 buf.add_(p.grad)  # rounds once, in fp32

@@ -30,7 +30,7 @@ VLLM_OPTIONS = {
     "--tensor-parallel-size", "--pipeline-parallel-size", "--max-model-len", "--gpu-memory-utilization",
     "--block-size", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype", "--enable-prefix-caching",
     "--swap-space", "--enforce-eager", "--dtype", "--num-gpu-blocks-override", "--quantization", "--seed",
-    "--enable-chunked-prefill", "--enable-expert-parallel", "--cpu-offload-gb", "--max-seq-len-to-capture",
+    "--max-seq-len-to-capture",
 }
 
 
