@@ -158,3 +158,16 @@ def test_stepwise_sweep_reports_progress_and_ends_with_the_same_plans():
     assert [p.to_dict() for p in found.plans] == [p.to_dict() for p in whole.plans]
     with pytest.raises(ValueError, match="global_batch=0"):  # checked when asked, not at the first step
         plan_training("gpt2-medium", stepwise=True, **{**kw, "global_batch": 0})
+
+
+def test_the_bf16_optimizer_is_planned_at_the_zero_stages_it_runs_at():
+    """DeepSpeed's BF16 optimizer keeps its fp32 buffer unsharded: the sweep sizes ZeRO 0 and 1 only
+    (labkit.zero.analytic.check_zero's rule), and refuses none of the other knobs for it."""
+    kw = dict(gpu="a100-80gb", num_gpus=8, seq_len=2048, global_batch=64)
+    found = plan_training("llama-3-8b", precision="bf16-mixed-fp32-buffer", **kw)
+    assert found.plans and {pl.zero_stage for pl in found.plans} <= {0, 1}
+    mixed = plan_training("llama-3-8b", precision="bf16-mixed-fp32-grads", **kw)
+    assert {pl.zero_stage for pl in mixed.plans} >= {2, 3}  # the others still sweep every stage
+    for pl in found.plans[:5]:  # 2 bytes a parameter more than the Megatron-style buffer, unsharded
+        twin = next(q for q in mixed.plans if q.run == pl.run.replace(precision="bf16-mixed-fp32-grads"))
+        assert pl.memory.grads - twin.memory.grads == pl.memory.params

@@ -19,6 +19,7 @@ from ..memory.analytic import ATTENTION
 from ..parallel.compose import refusal_key, refusal_text, runnable_reason
 from ..parallel.config import RunConfig
 from ..validate import ArgumentError, check_bool, check_choice, check_float, check_int, check_positive
+from ..zero.analytic import zero_allowed
 from .sweep import cp_degrees, flops_of, layouts, pipeline_choices, training_memory
 from .steptime import StepTime, step_flops, step_time
 
@@ -272,6 +273,8 @@ def _layout_plans(ctx, t, cp, p, dp, refused, *, micro_batches, interleave, zero
         for rc, sp in ((rc, sp) for rc in recompute for sp in sequence_parallel
                        if not (sp and (t == 1 or shape.seq_len % (t * cp)))):
             for z, off in _zero_choices(zero_stages, offload, dp * cp):
+                if not zero_allowed(z, dp * cp, off, ctx["base"].precision):
+                    continue
                 run = ctx["base"].replace(**degrees, micro_batch=b, num_microbatches=m, v=v, schedule=schedule,
                                           recompute=rc, sequence_parallel=sp, zero_stage=z, offload=off)
                 why = runnable_reason(run)

@@ -10,11 +10,12 @@ parameters on the GPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..memory.analytic import ModelStateBytes, model_state_bytes
 from ..validate import check_choice, check_int
 
-__all__ = ["STAGES", "check_zero", "shard_numel", "padded_numel", "zero_model_state_bytes", "zero_bytes_per_param",
+__all__ = ["STAGES", "check_zero", "zero_allowed", "shard_numel", "padded_numel", "zero_model_state_bytes", "zero_bytes_per_param",
            "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume", "step_comm_volume", "OffloadSavings", "offload_savings"]
 
 STAGES = (0, 1, 2, 3)
@@ -48,6 +49,17 @@ def check_zero(zero_stage: int, replicas: int, *, offload: bool = False, offload
         raise ValueError(f"reshard_after_forward=False keeps ZeRO-3's gathered parameters: it needs "
                          f"zero_stage=3; got zero_stage={zero_stage}")
     return zero_stage
+
+
+@lru_cache(maxsize=256)
+def zero_allowed(zero_stage: int, replicas: int, offload: bool = False, precision: str | None = None) -> bool:
+    """Whether :func:`check_zero` takes ``zero_stage`` with these settings: a sweep asks it of every
+    stage it could try and skips the others (DeepSpeed's BF16 optimizer runs at stage 0 or 1 only)."""
+    try:
+        check_zero(zero_stage, replicas, offload=offload, precision=precision)
+    except ValueError:
+        return False
+    return True
 
 
 def shard_numel(numel: int, world_size: int) -> int:
