@@ -3,6 +3,8 @@ tiny Llama with torchtitan's module names, one training step, against the same m
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -81,14 +83,59 @@ def run_emitted(rank: int, world_size: int, script: str) -> dict:
     namespace = {}
     exec(compile(script, "<to_fsdp2>", "exec"), namespace)
     model, mesh = namespace["parallelize"](model, device_type="cpu")
-    loss = _step(model, tokens)
-    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tracked = _tracked_step(model, opt, tokens)
+    loss = tracked.pop("loss")
+    local = sum(_local(p).numel() for p in model.parameters())
     after = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach() for n, p in model.named_parameters()}
     ref_after = {n: p.detach() for n, p in reference.named_parameters()}
     step_err = max(float((after[n] - ref_after[n.replace("_checkpoint_wrapped_module.", "")]).abs().max())
                    for n in after)
     return {"loss": float(loss), "ref_loss": float(ref_loss), "local_params": local,
-            "params": sum(p.numel() for p in reference.parameters()), "mesh": list(mesh.shape), "step_err": step_err}
+            "params": sum(p.numel() for p in reference.parameters()), "mesh": list(mesh.shape), "step_err": step_err,
+            **tracked}
+
+
+def _local(t):
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _bytes(tensors) -> int:
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors)
+
+
+def _excess(param) -> int:
+    """Bytes of ``param``'s gradient beyond its own shard: torch's RowwiseParallel embedding (vocab
+    split over TP) leaves each rank its weight's whole gradient, replicated, not its shard."""
+    return _bytes([param.grad]) - _bytes([param])
+
+
+def _tracked_step(model, opt, tokens) -> dict:
+    """One AdamW step on the parallelized ``model``, and this rank's model states after it, counted
+    twice: from the tensors themselves (each parameter's local shard, its gradient, Adam's two
+    moments and, apart, its 4-byte step counts) and, where fully_shard ran, by torch's
+    FSDPMemTracker (its Sharded Param, Sharded Grad and OptState bytes after the step)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    params = list(model.parameters())
+    tracker = FSDPMemTracker(model, opt) if isinstance(model, FSDPModule) else None
+    with tracker if tracker is not None else contextlib.nullcontext():
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        snap = tracker.get_tracker_snapshot("current") if tracker is not None else None
+    states = [opt.state[p] for p in params]
+    out = {"loss": loss.detach().float(), "param_bytes": _bytes(params), "grad_bytes": _bytes(p.grad for p in params),
+           "moment_bytes": _bytes(t for st in states for k, t in st.items() if k in ("exp_avg", "exp_avg_sq")),
+           "step_bytes": _bytes(st["step"] for st in states), "names": [n for n, _ in model.named_parameters()],
+           "whole_embedding_grad": _excess(model.tok_embeddings.weight)}
+    if snap is not None:
+        cpu = snap[torch.device("cpu")]
+        out["tracker"] = {k: int(cpu.get(k, 0)) for k in ("Sharded Param", "Sharded Grad", "OptState")}
+    return out
 
 
 class _First(nn.Module):

@@ -5,7 +5,9 @@ DeepSpeed's ``DeepSpeedConfig`` (with the plan's data-parallel degree as its wor
 ``ParallelDims``, and accelerate's config loader and plugins read every emitted configuration of
 Chapter 9's worked cases and of a small grid (tests/engine_checks.py, one process an engine, in
 ``.venv-engines`` when it exists: requirements-engines.txt). FSDP2's script body runs on 2 gloo
-ranks (and 4, dp x tp; and its pipeline on 2 stages) against the same model unsharded. vLLM's parser is not run here (its CPU build is 3.5 GB).
+ranks (and 4, dp x tp; and its pipeline on 2 stages) against the same model unsharded, and its
+model states per rank, counted from its tensors and by torch's FSDPMemTracker, equal
+``training_memory``'s to the byte. vLLM's parser is not run here (its CPU build is 3.5 GB).
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ from labkit.parallel.config import RunConfig
 from labkit.plan import plan_serving, plan_training
 from labkit.plan.export import (ENGINES, MAPPINGS, ExportNote, export, export_best, to_deepspeed, to_fsdp2,
                                 to_megatron, to_torchtitan, to_vllm)
-from labkit.shapes import PRESETS
+from labkit.estimate import training_memory
+from labkit.shapes import PRESETS, ModelShape
 
 ROOT = Path(__file__).resolve().parents[1]
+# tests/export_fsdp2_workers.py's TinyLlama, as the estimator reads it
+TINY_LLAMA = ModelShape(n_layer=2, d_model=32, n_head=4, vocab_size=64, seq_len=16, d_ff=64, norm="rmsnorm",
+                        mlp="swiglu", pos="rope", tie_embeddings=False, bias=False)
 pytestmark = pytest.mark.filterwarnings("ignore::labkit.plan.export.ExportNote")  # export() collects them
 ENGINE_MODULES = {"deepspeed": "deepspeed", "megatron": "megatron.core", "torchtitan": "torchtitan",
                   "accelerate": "accelerate",  # and the checks of tests/test_in_practice.py:
@@ -197,9 +203,25 @@ def test_fsdp2_script_trains_like_the_unsharded_model(run, exact):
     sys.path.insert(0, str(ROOT / "tests"))
     from export_fsdp2_workers import run_emitted
 
+    est = training_memory(TINY_LLAMA, run)
     for r in launch(run_emitted, run.world_size, to_fsdp2(run), backend="gloo", timeout_s=60):
         assert r["mesh"] == [run.pp_size, run.dp_size, run.tp_size]
-        assert r["local_params"] < r["params"]  # sharded: each rank holds a part
+        assert r["local_params"] < r["params"] == TINY_LLAMA.num_params()  # sharded: each rank holds a part
+        # model states per rank, to the byte: fully_shard keeps fp32 shards of the parameters and their
+        # gradients under a bf16 policy (4 + 4 + 8 bytes a parameter where the plan counts 2 + 2 + 12):
+        # the same total, arranged differently; in fp32 every term equals the estimate's
+        # ... but for one measured difference: under TP alone, torch's vocab-split embedding keeps its
+        # whole gradient on each rank, (t - 1)/t of V h fp32 elements more than its shard
+        whole = TINY_LLAMA.vocab_size * TINY_LLAMA.d_model * 4
+        assert r["whole_embedding_grad"] == (whole - whole // run.tp_size if run.dp_size == 1 else 0), r
+        got = (r["param_bytes"], r["grad_bytes"] - r["whole_embedding_grad"], r["moment_bytes"])
+        assert sum(got) == est.params + est.grads + est.optimizer, (got, est)
+        if run.precision == "fp32":
+            assert got == (est.params, est.grads, est.optimizer), (got, est)
+        assert r["step_bytes"] == 4 * len(r["names"])  # torch's Adam: a 4-byte step a tensor, not estimated
+        if run.dp_size > 1:  # fully_shard ran: torch's own tracker sees the same bytes
+            assert r["tracker"] == {"Sharded Param": got[0], "Sharded Grad": got[1],
+                                    "OptState": got[2] + r["step_bytes"]}, r
         if exact:  # fp32: only the reduction order differs from the unsharded step
             assert abs(r["loss"] - r["ref_loss"]) < 1e-5 and r["step_err"] < 1e-5, r
         else:  # bf16 compute: the loss within bf16's rounding of the fp32 one

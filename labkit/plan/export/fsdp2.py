@@ -156,4 +156,8 @@ def to_fsdp2(plan) -> str:
     if run.precision == "bf16-mixed" and run.zero_stage == 3:
         note("FSDP2", "fully_shard keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes a "
               "parameter, the plan's 2 + 2 + 4 + 8 arranged differently)")
+    if run.tp_size > 1 and run.dp_size == 1:
+        note("FSDP2", "without fully_shard, torch's vocabulary-split embedding (RowwiseParallel) leaves each rank "
+             f"its whole gradient: (t - 1)/t of V h gradient elements above the plan (t = {run.tp_size}; "
+             "measured with torch 2.13, tests/test_export.py)")
     return text
