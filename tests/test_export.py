@@ -7,7 +7,9 @@ Chapter 9's worked cases and of a small grid (tests/engine_checks.py, one proces
 ``.venv-engines`` when it exists: requirements-engines.txt). FSDP2's script body runs on 2 gloo
 ranks (and 4, dp x tp; and its pipeline on 2 stages) against the same model unsharded, and its
 model states per rank, counted from its tensors and by torch's FSDPMemTracker, equal
-``training_memory``'s to the byte. vLLM's parser is not run here (its CPU build is 3.5 GB).
+``training_memory``'s to the byte. DeepSpeed trains each emitted ds_config.json (ZeRO-1, 2, 3; fp32 and
+bf16; both offloads) on 2 gloo ranks, its own tensors holding what
+``labkit.zero.analytic.deepspeed_model_state_bytes`` counts. vLLM's parser is not run here (its CPU build is 3.5 GB).
 """
 
 from __future__ import annotations
@@ -226,6 +228,42 @@ def test_fsdp2_script_trains_like_the_unsharded_model(run, exact):
             assert abs(r["loss"] - r["ref_loss"]) < 1e-5 and r["step_err"] < 1e-5, r
         else:  # bf16 compute: the loss within bf16's rounding of the fp32 one
             assert abs(r["loss"] - r["ref_loss"]) < 1e-2 * r["ref_loss"], r
+
+
+# DeepSpeed trains each emitted ds_config.json on 2 gloo ranks (ZeRO-1, 2 and 3, fp32 and bf16, and both
+# offloads): the bytes its own tensors hold on each rank, against the estimator's DeepSpeed flavour.
+DS_RUNS = [RunConfig(dp_size=2, seq_len=16, zero_stage=z, precision=p) for z in (1, 2, 3) for p in ("fp32", "bf16-mixed")
+           ] + [RunConfig(dp_size=2, seq_len=16, zero_stage=2, offload=True, precision="fp32"),
+                RunConfig(dp_size=2, seq_len=16, zero_stage=3, offload=True, offload_params=True)]
+
+
+@pytest.mark.xdist_group("dist:export_fsdp2")
+def test_deepspeed_trains_the_emitted_configs_holding_the_estimated_model_states(tmp_path):
+    from labkit.zero.analytic import deepspeed_model_state_bytes, zero_model_state_bytes
+
+    out = subprocess.run([_engine_python("deepspeed"), str(ROOT / "tests" / "deepspeed_workers.py")],
+                         input=json.dumps([to_deepspeed(run) for run in DS_RUNS]), capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not list(tmp_path.iterdir()), "DeepSpeed compiled an op: the run no longer avoids its JIT builds"
+    n = TINY_LLAMA.num_params()
+    for run, got, other in zip(DS_RUNS, *ranks):
+        policy = {"fp32": "fp32", "bf16-mixed": "mixed"}[run.precision]
+        want = deepspeed_model_state_bytes(n, run.replicas, run.zero_stage, policy, run.optimizer)
+        assert got == other and got["stage"] == run.zero_stage, (run, got, other)  # both ranks hold the same
+        assert got["param_dtype"] == ("float32" if run.precision == "fp32" else "bfloat16")
+        assert got["params"] == want.params, (run, got, want)
+        assert got["master"] + got["moments"] == want.optimizer, (run, got, want)
+        assert got["whole_grads_left"] == 0, (run, got)  # no whole gradient outlives the backward
+        if run.offload:  # the gradient partition goes to the offloaded optimizer's buffer
+            assert got["grads"] == 0, (run, got)
+            continue
+        assert got["grads"] == want.grads, (run, got, want)
+        paper = zero_model_state_bytes(n, run.replicas, run.zero_stage, policy, run.optimizer)
+        # where DeepSpeed departs from the paper's count, and only there (the two named differences)
+        assert (got["grads"] != paper.grads) == (run.zero_stage == 1), (run, got, paper)
+        assert (got["master"] + got["moments"] != paper.optimizer) == (run.precision == "fp32"), (run, got, paper)
 
 
 def test_refusals_name_the_engine_and_the_setting():

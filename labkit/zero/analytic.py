@@ -16,6 +16,7 @@ from ..memory.analytic import ModelStateBytes, model_state_bytes
 from ..validate import check_choice, check_int
 
 __all__ = ["STAGES", "check_zero", "zero_allowed", "shard_numel", "padded_numel", "zero_model_state_bytes", "zero_bytes_per_param",
+           "deepspeed_model_state_bytes",
            "VOLUME_WEIGHT", "comm_volume", "analytic_comm_volume", "step_comm_volume", "OffloadSavings", "offload_savings"]
 
 STAGES = (0, 1, 2, 3)
@@ -88,6 +89,28 @@ def zero_model_state_bytes(n_params: int, world_size: int, stage: int, precision
     return ModelStateBytes(params=part.params if stage >= 3 else full.params,
                            grads=part.grads if stage >= 2 else full.grads,
                            optimizer=part.optimizer if stage >= 1 else full.optimizer)
+
+
+def deepspeed_model_state_bytes(n_params: int, world_size: int, stage: int, precision: str = "mixed",
+                                optimizer: str = "adam") -> ModelStateBytes:
+    """:func:`zero_model_state_bytes` as DeepSpeed 0.19.8 holds them (its ``DeepSpeedZeroOptimizer``
+    and ``..._Stage3``, measured in tests/test_export.py on its tensors), where it differs from the
+    paper's accounting:
+
+    - at stage 1 it keeps only the rank's gradient partition after a backward, as at stage 2 (its
+      stages 1 and 2 are one optimizer; the paper's stage 1 keeps the whole gradient);
+    - its fp32 master partition is there even when the model is fp32 (``precision="fp32"``: 4 bytes
+      a parameter of the shard more, in ``optimizer``).
+
+    Stages 1 to 3 with ``precision`` "fp32" or "mixed" (bf16 or fp16 with fp32 master weights); the
+    other precisions and stage 0 (DeepSpeed's BF16 and FP16 optimizers, not measured) are refused.
+    """
+    check_choice("stage", stage, (1, 2, 3))
+    check_choice("precision", precision, ("fp32", "mixed"))
+    states = zero_model_state_bytes(n_params, world_size, stage, precision, optimizer)
+    part = model_state_bytes(shard_numel(n_params, world_size), precision, optimizer)
+    master = 4 * shard_numel(n_params, world_size) if precision == "fp32" else 0
+    return ModelStateBytes(params=states.params, grads=part.grads, optimizer=states.optimizer + master)
 
 
 def zero_bytes_per_param(stage: int, world_size: int, precision: str = "mixed",
