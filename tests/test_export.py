@@ -9,8 +9,8 @@ ranks (and 4, dp x tp; and its pipeline on 2 stages) against the same model unsh
 model states per rank, counted from its tensors and by torch's FSDPMemTracker, equal
 ``training_memory``'s to the byte. DeepSpeed trains each emitted ds_config.json (ZeRO-1, 2, 3; fp32 and
 bf16; both offloads) on 2 gloo ranks, its own tensors holding what
-``labkit.zero.analytic.deepspeed_model_state_bytes`` counts. vLLM's parser and blocks are checked by scripts/check_engines.py, not here (its CPU build is
-3.5 GB): scripts/results/engines.md.
+``labkit.zero.analytic.deepspeed_model_state_bytes`` counts. vLLM's parser and blocks are checked
+by scripts/check_engines.py, not here (its CPU build is 3.5 GB): scripts/results/engines.md.
 """
 
 from __future__ import annotations
