@@ -129,7 +129,8 @@ def report(result: dict) -> str:
         verdict = r.pop("engine_config")
         lines.append(f"| {p['plan_tp']} | `{' '.join(p['args'])}` | {r} | {verdict} |")
     lines += ["", f"## KV blocks for `kv_cache_memory_bytes` = {KV_BYTES:,} (requests of {CONTEXT} tokens)", "",
-              "| t | vLLM blocks x size | labkit blocks x size | tokens (vLLM / labkit) | concurrency (vLLM / labkit) | equal |",
+              "| t | vLLM blocks x size | labkit blocks x size | tokens (vLLM / labkit) "
+              "| concurrency (vLLM / labkit) | equal |",
               "|---:|---|---|---|---|---|"]
     for s in result["served"]:
         v, lab = s["vllm"], s["labkit"]

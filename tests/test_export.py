@@ -233,8 +233,8 @@ def test_fsdp2_script_trains_like_the_unsharded_model(run, exact):
 
 # DeepSpeed trains each emitted ds_config.json on 2 gloo ranks (ZeRO-1, 2 and 3, fp32 and bf16, and both
 # offloads): the bytes its own tensors hold on each rank, against the estimator's DeepSpeed flavour.
-DS_RUNS = [RunConfig(dp_size=2, seq_len=16, zero_stage=z, precision=p) for z in (1, 2, 3) for p in ("fp32", "bf16-mixed")
-           ] + [RunConfig(dp_size=2, seq_len=16, zero_stage=2, offload=True, precision="fp32"),
+DS_RUNS = [RunConfig(dp_size=2, seq_len=16, zero_stage=z, precision=p)
+           for z in (1, 2, 3) for p in ("fp32", "bf16-mixed")] + [RunConfig(dp_size=2, seq_len=16, zero_stage=2, offload=True, precision="fp32"),
                 RunConfig(dp_size=2, seq_len=16, zero_stage=3, offload=True, offload_params=True)]
 
 
@@ -244,7 +244,8 @@ def test_deepspeed_trains_the_emitted_configs_holding_the_estimated_model_states
 
     out = subprocess.run([_engine_python("deepspeed"), str(ROOT / "tests" / "deepspeed_workers.py")],
                          input=json.dumps([to_deepspeed(run) for run in DS_RUNS]), capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": str(tmp_path)})
+                         timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = json.loads(out.stdout.strip().splitlines()[-1])
     assert not list(tmp_path.iterdir()), "DeepSpeed compiled an op: the run no longer avoids its JIT builds"
