@@ -33,11 +33,11 @@ def check_mla_config(cfg) -> None:
     even rotary head, no sliding window, no biases (DeepSeek-V2's projections have none)."""
     if not cfg.kv_lora_rank:
         return
-    bad = {"pos": (cfg.pos, "'rope'"), "sliding_window": (cfg.sliding_window, "None"), "bias": (cfg.bias, "False")}
-    for name, (value, valid) in bad.items():
-        if repr(value) != valid:
-            raise ArgumentError(f"{name}={value!r}: MLA (kv_lora_rank={cfg.kv_lora_rank}) is modelled with "
-                                f"{name}={valid} only")
+    checks = (("pos", cfg.pos == "rope"), ("sliding_window", cfg.sliding_window is None), ("bias", cfg.bias is False))
+    bad = [f"{name}={getattr(cfg, name)!r}" for name, ok in checks if not ok]
+    if bad:
+        raise ArgumentError(f"MLA (kv_lora_rank={cfg.kv_lora_rank}) is modelled with pos='rope', "
+                            f"sliding_window=None and bias=False only; this config has {', '.join(bad)}")
     if cfg.qk_rope_head_dim % 2:
         raise ArgumentError(f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even (rotary pairs)")
 
