@@ -149,3 +149,16 @@ def test_what_mla_does_not_model_is_refused_by_name():
     from labkit.flash_attention import apply_flash_attention
     with pytest.raises(ValueError, match="kv_lora_rank=10"):
         apply_flash_attention(model)
+
+
+def test_the_serving_engine_serves_an_mla_model_the_tokens_of_plain_generation():
+    from labkit.paged_attention import Engine, synthetic_trace
+
+    model = _model(6)
+    trace = synthetic_trace(8, max_len=24, rate=0.5, scale=1 / 8, vocab_size=64, seed=3)
+    engine = Engine(model, num_blocks=12, block_size=4)
+    result = engine.serve(trace)  # batched decodes over latent blocks, preemption and recomputation
+    assert engine.cache.v == [] and result.preemptions > 0 and max(result.batch_sizes) > 1
+    for rid, req in enumerate(trace):
+        want = generate(model, torch.tensor([req.prompt]), req.max_new_tokens, use_cache=False)
+        assert result.outputs[rid] == want[0, len(req.prompt):].tolist(), rid
