@@ -84,8 +84,9 @@ def _check_qkv(q, k, v) -> None:
             raise ArgumentError(f"{name}.shape={tuple(t.shape)} must be (..., heads, seq_len, head_dim), non-empty")
     if not q.dtype == k.dtype == v.dtype:
         raise ArgumentError(f"q, k, v dtypes {q.dtype}, {k.dtype}, {v.dtype} must be the same")
-    if k.shape != v.shape:
-        raise ArgumentError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)} must be equal")
+    if k.shape[:-1] != v.shape[:-1]:  # a value head may differ in size from a key head (MLA)
+        raise ArgumentError(f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)} must be equal but for "
+                            "the head size")
     if q.dim() != k.dim() or q.shape[:-3] != k.shape[:-3] or q.shape[-1] != k.shape[-1]:
         raise ArgumentError(f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)} must be (..., h, s_q, d) "
                          "and (..., h_kv, s_k, d) with the same leading dimensions and head_dim d")
@@ -99,11 +100,11 @@ def reference_attention(q, k, v, *, causal: bool = False, q_offset=None, k_offse
                         dropout_p: float = 0.0, softmax_dtype=None):
     """softmax(q kᵀ · scale + mask) v with the (s_q, s_k) scores materialised; autograd differentiates it.
 
-    q (..., h, s_q, d); k, v (..., h_kv, s_k, d), h_kv dividing h: query head i reads kv head
-    i // (h / h_kv). ``causal``: :func:`causal_mask` with its offsets (and ``sliding_window``);
+    q (..., h, s_q, d); k (..., h_kv, s_k, d), v (..., h_kv, s_k, d_v), h_kv dividing h: query
+    head i reads kv head i // (h / h_kv). ``causal``: :func:`causal_mask` with its offsets (and ``sliding_window``);
     ``mask``: a bool (..., s_q, s_k) of visible keys, broadcast over heads (ANDed with causal).
     scale: 1/sqrt(d) by default. The softmax runs in ``softmax_dtype`` (default float32, float64
-    for float64 input). Returns out (..., h, s_q, d) in q's dtype, with ``return_lse`` also
+    for float64 input). Returns out (..., h, s_q, d_v) in q's dtype, with ``return_lse`` also
     L (..., h, s_q) in the softmax dtype. A row the causal mask leaves without a key gives out 0
     and L = -inf (a ``mask`` alone must leave every row a key: its rows are not checked).
     """

@@ -93,12 +93,14 @@ class Rotary(nn.Module):
     """Rotary position embeddings (Su et al. 2021), in Hugging Face's half-split layout.
 
     Dimension i of a head is paired with i + hs/2 and the pair is rotated by the angle
-    p · θ^(-2i/hs) of the token's absolute position p. The (S, hs/2) cos and sin tables are
-    computed in float64 and stored in the model's dtype; one instance serves every layer.
+    p · θ^(-2i/hs) of the token's absolute position p (``interleaved``: dimensions 2i and 2i + 1
+    are paired, the layout of Su et al. and DeepSeek's code). The (S, hs/2) cos and sin tables
+    are computed in float64 and stored in the model's dtype; one instance serves every layer.
     """
 
-    def __init__(self, head_dim: int, seq_len: int, theta: float):
+    def __init__(self, head_dim: int, seq_len: int, theta: float, interleaved: bool = False):
         super().__init__()
+        self.interleaved = interleaved
         half = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim  # (hs/2,)
         angle = torch.arange(seq_len, dtype=torch.float64)[:, None] * theta ** -half  # (S, hs/2)
         dtype = torch.get_default_dtype()
@@ -112,12 +114,18 @@ class Rotary(nn.Module):
         cos, sin = (self.cos[:T], self.sin[:T]) if pos is None else (self.cos[pos], self.sin[pos])
         if cos.dim() == 3:  # per-sequence positions (B, T, hs/2) -> (B, 1, T, hs/2)
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        rotate = _rotate_pairs if self.interleaved else _rotate
+        return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 def _rotate(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)  # 2 x (B, nh, T, hs/2)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (B, nh, T, hs)
+
+
+def _rotate_pairs(x, cos, sin):
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)  # 2 x (B, nh, T, hs/2): dimensions 2i, 2i + 1
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)  # (B, nh, T, hs)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -201,12 +209,14 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
 
-    ``mlp``: a module in place of the config's MLP (the model passes a mixture of experts)."""
+    ``mlp``, ``attn``: modules in place of the config's MLP and attention (the model passes a
+    mixture of experts, multi-head latent attention)."""
 
-    def __init__(self, cfg, causal_mask: torch.Tensor, rope: Rotary | None = None, mlp: nn.Module | None = None):
+    def __init__(self, cfg, causal_mask: torch.Tensor, rope: Rotary | None = None, mlp: nn.Module | None = None,
+                 attn: nn.Module | None = None):
         super().__init__()
         self.ln_1 = make_norm(cfg)
-        self.attn = CausalSelfAttention(cfg, causal_mask, rope)
+        self.attn = CausalSelfAttention(cfg, causal_mask, rope) if attn is None else attn
         self.ln_2 = make_norm(cfg)
         self.mlp = make_mlp(cfg) if mlp is None else mlp
 

@@ -1,10 +1,7 @@
-"""The course's model: GPT-2's block by default, the Llama family by its config's fields.
-
-By default learned position embeddings, tied input/output embeddings, biases, pre-LayerNorm
-blocks, a 4h GELU MLP and dropout (Radford et al. 2019). ``norm``, ``mlp``, ``pos``,
-``n_kv_head``, ``tie_embeddings``, ``bias`` and ``sliding_window`` give Llama's and Mistral's
-block (:mod:`labkit.layers`). The attention core is its own module (:class:`AttentionCore`)
-so that later chapters can recompute or replace it.
+"""The course's model: GPT-2's block by default (Radford et al. 2019: learned positions, tied
+embeddings, biases, pre-LayerNorm, a 4h GELU MLP, dropout); the Llama family and Mistral by their
+config's fields (:mod:`labkit.layers`), experts (:mod:`labkit.moe`), MLA (:mod:`labkit.mla`).
+The attention core is its own module (:class:`AttentionCore`), for later chapters to replace.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from .data import check_ids, check_targets
 from .attention import causal_mask
 from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_norm
 from .layers import repeat_kv
+from .mla import MultiHeadLatentAttention, check_mla_config
 from .moe.layer import MoE, check_moe_config, moe_layers
 from .validate import ArgumentError, check_float
 
@@ -68,14 +66,21 @@ class GPTConfig(ShapeProperties):
     routed_scaling_factor: float = 1.0  # the routed weights' scale (DeepSeek-V3: 2.5)
     capacity_factor: float | None = None  # None: dropless; else C = ceil(cf · N k / E) rows an expert
     aux_loss_coef: float = 0.0  # the load-balancing loss's weight in the training loss
+    # Multi-head latent attention (labkit.mla; ModelShape's names): kv_lora_rank > 0 makes it MLA
+    kv_lora_rank: int = 0  # the compressed key-value latent's width c; 0: no MLA
+    q_lora_rank: int = 0  # the compressed query's width; 0: W^UQ and W^QR read h
+    qk_rope_head_dim: int = 0  # the decoupled rotary part of a query and key head
+    qk_nope_head_dim: int = 0  # the part of a query and key head without positions
+    v_head_dim: int = 0  # a value head's size
 
     def __post_init__(self):
         ModelShape.from_config(self)  # the shape's fields, checked where they are defined
         check_float("dropout", self.dropout, 0.0, below=1.0)  # "0.1" is refused here, not at forward
         check_float("norm_eps", self.norm_eps, above=0.0)
-        if self.pos == "rope" and self.head_dim % 2:
+        if self.pos == "rope" and self.head_dim % 2 and not self.kv_lora_rank:
             raise ArgumentError(f"pos='rope' needs an even head_dim, not d_model/n_head={self.head_dim}")
         check_moe_config(self)
+        check_mla_config(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,7 +105,7 @@ PRESETS: dict[str, GPTConfig] = {  # the shapes labkit's block builds (none with
 # What GPT-2's block is, field by field: a technique that implements only this block refuses the rest.
 _GPT2_BLOCK = {"norm": "layernorm", "mlp": "gelu", "pos": "learned", "n_kv_head": None, "d_ff": None,
                "tie_embeddings": True, "bias": True, "sliding_window": None, "n_positions": None,
-               "n_experts": 0}  # experts: labkit.moe; a technique that has not been tried on them refuses them
+               "n_experts": 0, "kv_lora_rank": 0}  # experts, MLA: refused where not yet tried
 
 
 def check_gpt2_block(cfg: GPTConfig, technique: str, *, supports: tuple[str, ...] = ()) -> None:
@@ -129,9 +134,9 @@ def get_preset(name: str, **overrides) -> GPTConfig:
 def count_params(cfg: GPTConfig) -> int:
     """Exact parameter count Ψ of :class:`GPT` for ``cfg`` (tied embeddings counted once).
 
-    GPT-2's block: Ψ = V h + s h + L (12 h² + 13 h) + 2 h: token and position embeddings; per
-    block qkv (3h² + 3h), projection (h² + h), MLP (8h² + 5h), two LayerNorms (4h); final
-    LayerNorm. Every other block: :meth:`labkit.shapes.ModelShape.num_params`.
+    GPT-2's block: Ψ = V h + s h + L (12 h² + 13 h) + 2 h: embeddings; per block qkv (3h² + 3h),
+    projection (h² + h), MLP (8h² + 5h), two LayerNorms (4h); final LayerNorm. Every other block:
+    :meth:`labkit.shapes.ModelShape.num_params`.
     """
     _check_config(cfg)
     return ModelShape.from_config(cfg).num_params()  # the formula lives once, in labkit.shapes
@@ -151,6 +156,10 @@ class KVCacheProtocol(Protocol):
         (B, n_kv, T, hs) (query head i reads key-value head i // (nh / n_kv): ``repeat_kv``;
         with rotary positions they come rotated), output (B, nh, T, hs)."""
 
+    def attend_latent(self, layer: int, c_kv: torch.Tensor, k_rope: torch.Tensor, attend) -> torch.Tensor:
+        """MLA: store [c_kv (B, T, c); rotated k_rope (B, T, d_rope)], return ``attend(latent,
+        q_offset, absorb)``, latent (B, S, c + d_rope) of all kept, q_offset an int or (B,)."""
+
 
 class GPT(nn.Module):
     """GPT-2, or a Llama-family model. ``forward(idx)``: idx (B, T) int64 -> logits (B, T, V);
@@ -164,9 +173,12 @@ class GPT(nn.Module):
         learned = cfg.pos == "learned"  # else rotary: no position table, q and k are rotated
         self.wpe = nn.Embedding(cfg.n_positions or cfg.seq_len, cfg.d_model) if learned else None
         mask = causal_mask(cfg.seq_len, cfg.seq_len, sliding_window=cfg.sliding_window)  # (S, S) visible
-        rope = None if learned else Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        mla = bool(cfg.kv_lora_rank)  # MLA's rotary part is its own, its pairs interleaved
+        rope = None if learned else Rotary(cfg.qk_rope_head_dim if mla else cfg.head_dim, cfg.seq_len,
+                                           cfg.rope_theta, interleaved=mla)
         shape = ModelShape.from_config(cfg)
-        self.blocks = nn.ModuleList(Block(cfg, mask, rope, mlp=MoE(cfg) if shape.is_moe_layer(i) else None)
+        self.blocks = nn.ModuleList(Block(cfg, mask, rope, mlp=MoE(cfg) if shape.is_moe_layer(i) else None,
+                                          attn=MultiHeadLatentAttention(cfg, mask, rope) if mla else None)
                                     for i in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -226,11 +238,14 @@ class GPT(nn.Module):
         if kv_cache is not None and window is not None and getattr(kv_cache, "sliding_window", None) != window:
             raise ValueError(f"kv_cache={type(kv_cache).__name__} does not declare sliding_window={window}: "
                              "a cache for this model must attend within the window (KVCacheProtocol)")
+        attend = "attend_latent" if self.cfg.kv_lora_rank else "attend"  # MLA's cache keeps the latent
+        if kv_cache is not None and not callable(getattr(kv_cache, attend, None)):
+            raise ValueError(f"kv_cache={type(kv_cache).__name__} has no {attend}(), which this model needs")
         pos = None if kv_cache is None else kv_cache.begin(idx)  # positions of the new tokens
         x = self.embed(idx, pos)  # (B, T, C)
         rope_pos = pos if self.wpe is None else None  # rotary positions act in each block
         for i, block in enumerate(self.blocks):
-            x = block(x) if kv_cache is None else block(x, partial(kv_cache.attend, i), rope_pos)
+            x = block(x) if kv_cache is None else block(x, partial(getattr(kv_cache, attend), i), rope_pos)
         logits = self.head(x)  # (B, T, V)
         if targets is None:
             return logits

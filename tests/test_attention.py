@@ -46,6 +46,16 @@ def test_causal_mask_by_its_definition_and_bottom_right_default():
     assert torch.equal(per_seq, torch.stack([_visible(2, 4, 1, 0), _visible(2, 4, 2, 0)]))
 
 
+@pytest.mark.parametrize("h_kv", [4, 1])
+def test_values_may_have_their_own_head_size(h_kv):
+    """MLA's values are smaller than its keys (labkit.mla): out (..., s_q, d_v), as SDPA's."""
+    q, k, _ = _qkv(h_kv=h_kv, d=12)
+    v = torch.randn(2, h_kv, 7, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))  # d_v = 6
+    out = reference_attention(q, k, v, causal=True)
+    assert out.shape == (2, 4, 5, 6)
+    assert torch.allclose(out, _sdpa(q, k, v, _visible(5, 7, 2, 0)), **TOL)
+
+
 @pytest.mark.parametrize("h, h_kv, d", [(4, 4, 8), (4, 2, 5), (6, 1, 3)])
 @pytest.mark.parametrize("s_q, s_k, q_offset, k_offset", [
     (7, 7, None, 0), (3, 7, None, 0), (4, 6, 10, 7), (5, 3, 2, 0)])

@@ -24,7 +24,10 @@ pytestmark = pytest.mark.xdist_group("dist:input_errors")
 CFG = get_preset("tiny", n_layer=1)
 # the expert fields may be 0 (a dense model) and are bounded by each other: tests/test_moe.py
 EXPERT_FIELDS = ("n_experts", "experts_per_token", "n_shared_experts", "first_dense_layers", "moe_every")
-INT_FIELDS = [f.name for f in dataclasses.fields(GPTConfig) if f.type in (int, "int") and f.name not in EXPERT_FIELDS]
+# and MLA's are 0 without MLA: tests/test_mla.py
+MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+INT_FIELDS = [f.name for f in dataclasses.fields(GPTConfig)
+              if f.type in (int, "int") and f.name not in EXPERT_FIELDS + MLA_FIELDS]
 
 
 # --- labkit.validate itself --------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """labkit's mixture-of-experts blocks against Hugging Face's, weights copied, in float64.
 
 Mixtral: the whole ``MixtralForCausalLM`` (every layer MoE) against labkit's GPT. DeepSeek-V3:
-Hugging Face's ``DeepseekV3ForCausalLM`` always uses MLA, which labkit's model does not have, so
 its MoE block alone (``DeepseekV3MoE``: sigmoid router with the selection bias, renormalised and
-scaled weights, shared experts) is checked against labkit's :class:`labkit.moe.MoE`.
+scaled weights, shared experts) against labkit's :class:`labkit.moe.MoE`, then the whole
+``DeepseekV3ForCausalLM`` (MLA, a dense first layer, then MoE) against labkit's GPT with
+:mod:`labkit.mla`.
 """
 
 from __future__ import annotations
@@ -152,3 +153,102 @@ def test_deepseek_v3_moe_block_equals_hugging_faces_in_float64(shared, monkeypat
         _close_in_float64(layer(x), expected)
         layer.expert_bias.zero_()  # the check can fail: without the bias other experts are chosen
         assert not torch.allclose(layer(x), expected)
+
+
+MLA = dict(n_layer=2, n_head=4, d_model=32, d_ff=48, vocab_size=64, seq_len=16, norm="rmsnorm", mlp="swiglu",
+           pos="rope", bias=False, tie_embeddings=False, n_experts=8, experts_per_token=2, d_expert=12,
+           n_shared_experts=1, router_score="sigmoid", router_bias=True, routed_scaling_factor=2.5,
+           first_dense_layers=1, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=6)
+
+
+@pytest.fixture
+def float64_deepseek(monkeypatch):
+    """The float32 roundings of the Mixtral fixture, undone the same way in DeepSeek-V3's code (its
+    RMSNorm, rotary tables and router); its MLA, interleaved rotation, routing and residual stream
+    are untouched."""
+    def rmsnorm(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rotary(self, x, position_ids):
+        d = 2 * self.inv_freq.numel()
+        inv_freq = self.config.rope_theta ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)
+        emb = torch.cat((position_ids[..., None].double() * inv_freq,) * 2, dim=-1)  # (B, T, d)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    monkeypatch.setattr(modeling_deepseek_v3.DeepseekV3RMSNorm, "forward", rmsnorm)
+    monkeypatch.setattr(modeling_deepseek_v3.DeepseekV3RotaryEmbedding, "forward", rotary)
+    monkeypatch.setattr(modeling_deepseek_v3.DeepseekV3TopkRouter, "forward", _float64_router)
+
+
+def _deepseek(cfg):
+    config = transformers.DeepseekV3Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        moe_intermediate_size=cfg.d_expert, num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_head, n_shared_experts=cfg.n_shared_experts, n_routed_experts=cfg.n_experts,
+        routed_scaling_factor=cfg.routed_scaling_factor, kv_lora_rank=cfg.kv_lora_rank,
+        q_lora_rank=cfg.q_lora_rank or None, qk_rope_head_dim=cfg.qk_rope_head_dim,
+        qk_nope_head_dim=cfg.qk_nope_head_dim, v_head_dim=cfg.v_head_dim, n_group=1, topk_group=1,
+        num_experts_per_tok=cfg.experts_per_token, first_k_dense_replace=cfg.first_dense_layers,
+        norm_topk_prob=True, max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta, rope_interleave=True, attention_bias=False, tie_word_embeddings=False,
+        attn_implementation="sdpa")
+    model = transformers.DeepseekV3ForCausalLM(config).double().eval()
+    _randomise(model)
+    with torch.no_grad():  # a selection bias large enough to change choices
+        for layer in model.model.layers[cfg.first_dense_layers:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(0.3 * torch.randn(cfg.n_experts, dtype=torch.float64))
+    return model
+
+
+def _per_head(w, a, sizes):
+    """Rows of a per-head projection (a (d1 + d2 + ...), n) split into (a d1, n), (a d2, n), ..."""
+    return [part.reshape(-1, w.size(-1)) for part in w.view(a, sum(sizes), -1).split(sizes, dim=1)]
+
+
+def _copy_mla(src, p, b, cfg, out) -> None:
+    """Hugging Face's fused MLA projections -> the paper's matrices (labkit.mla), by rows."""
+    a, r, dn = cfg.n_head, cfg.qk_rope_head_dim, cfg.qk_nope_head_dim
+    q = src[p + ("q_b_proj" if cfg.q_lora_rank else "q_proj") + ".weight"]
+    out[b + "w_uq.weight"], out[b + "w_qr.weight"] = _per_head(q, a, [dn, r])
+    if cfg.q_lora_rank:
+        out[b + "w_dq.weight"], out[b + "q_norm.weight"] = src[p + "q_a_proj.weight"], src[p + "q_a_layernorm.weight"]
+    out[b + "w_dkv.weight"], out[b + "w_kr.weight"] = src[p + "kv_a_proj_with_mqa.weight"].split(
+        [cfg.kv_lora_rank, r])
+    out[b + "kv_norm.weight"], out[b + "c_proj.weight"] = src[p + "kv_a_layernorm.weight"], src[p + "o_proj.weight"]
+    out[b + "w_uk.weight"], out[b + "w_uv.weight"] = _per_head(src[p + "kv_b_proj.weight"], a, [dn, cfg.v_head_dim])
+
+
+def _copy_deepseek(hf, model) -> None:
+    src, cfg = hf.state_dict(), model.cfg
+    out = {"wte.weight": src["model.embed_tokens.weight"], "ln_f.weight": src["model.norm.weight"],
+           "lm_head.weight": src["lm_head.weight"]}
+    for i in range(cfg.n_layer):
+        p, b = f"model.layers.{i}.", f"blocks.{i}."
+        _copy_mla(src, p + "self_attn.", b + "attn.", cfg, out)
+        out[b + "ln_1.weight"], out[b + "ln_2.weight"] = src[p + "input_layernorm.weight"], \
+            src[p + "post_attention_layernorm.weight"]
+        names = [("c_gate", "gate_proj"), ("c_fc", "up_proj"), ("c_proj", "down_proj")]
+        if i < cfg.first_dense_layers:
+            out.update({b + f"mlp.{mine}.weight": src[p + f"mlp.{theirs}.weight"] for mine, theirs in names})
+            continue
+        out[b + "mlp.router.weight"], out[b + "mlp.expert_bias"] = src[p + "mlp.gate.weight"], \
+            src[p + "mlp.gate.e_score_correction_bias"]
+        for mine, theirs in names:
+            out[b + f"mlp.shared.{mine}.weight"] = src[p + f"mlp.shared_experts.{theirs}.weight"]
+            out[b + f"mlp.experts.{mine}"] = _stack(src, p + "mlp.", theirs, cfg.n_experts)
+    model.load_state_dict(out, strict=True)
+
+
+@pytest.mark.parametrize("q_lora_rank", [0, 12])
+def test_deepseek_v3_logits_equal_hugging_faces_in_float64(q_lora_rank, float64_deepseek):
+    cfg = GPTConfig(**{**MLA, "q_lora_rank": q_lora_rank})
+    torch.manual_seed(0)
+    hf = _deepseek(cfg)
+    model = build_model(cfg, dtype=torch.float64).eval()
+    _copy_deepseek(hf, model)
+    idx = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    with torch.no_grad():
+        expected = hf(idx, use_cache=False).logits  # (B, T, V)
+        _close_in_float64(model(idx), expected)
+        model.blocks[0].attn.rope.interleaved = False  # the check can fail: half-split pairs differ
+        assert not torch.allclose(model(idx), expected, rtol=1e-6, atol=1e-6)

@@ -2,7 +2,8 @@
 
 Bytes per token: 2 (a key and a value) x n_layer x n_kv_heads x head_dim x dtype bytes. With
 grouped-query attention n_kv_heads < n_head (Ainslie et al. 2023); multi-head attention has
-n_kv_heads = n_head.
+n_kv_heads = n_head. Multi-head latent attention (DeepSeek-V2, Sec. 2.1) keeps no key or value:
+n_layer x (kv_lora_rank + qk_rope_head_dim) x dtype bytes, its latent and rotary key.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import math
 from ..shapes import PRESETS
 from ..validate import check_int
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "PUBLISHED_MODELS", "kv_bytes_per_token", "kv_bytes_per_token_of", "cached_tokens",
+__all__ = ["DEFAULT_BLOCK_SIZE", "PUBLISHED_MODELS", "kv_bytes_per_token", "mla_kv_bytes_per_token",
+           "kv_bytes_per_token_of", "cached_tokens",
            "kv_bytes", "blocks_for_tokens", "slots_wasted_in_last_block"]
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per block: vLLM's default (Kwon et al. 2023, Sec. 7.2)
@@ -49,9 +51,21 @@ def kv_bytes_per_token(n_layer: int, n_kv_heads: int, head_dim: int, dtype_bytes
     return 2 * n_layer * n_kv_heads * head_dim * dtype_bytes
 
 
+def mla_kv_bytes_per_token(n_layer: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int) -> int:
+    """Bytes MLA keeps a token: L (c + d_rope) e, the latent c^KV and the rotary key k^R a layer
+    (DeepSeek-V2, Sec. 2.1.4: (d_c + d_h^R) l elements), whatever the number of heads."""
+    for name, value in [("n_layer", n_layer), ("kv_lora_rank", kv_lora_rank),
+                        ("qk_rope_head_dim", qk_rope_head_dim), ("dtype_bytes", dtype_bytes)]:
+        check_int(name, value, 1)
+    return n_layer * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes
+
+
 def kv_bytes_per_token_of(cfg, dtype_bytes: int = 2) -> int:
     """:func:`kv_bytes_per_token` of a labkit ``GPTConfig`` or a ``ModelShape``: n_kv_heads is its
-    ``kv_heads`` (n_head for multi-head attention, fewer with grouped-query attention)."""
+    ``kv_heads`` (n_head for multi-head attention, fewer with grouped-query attention); with
+    MLA (``kv_lora_rank`` > 0), :func:`mla_kv_bytes_per_token`."""
+    if getattr(cfg, "kv_lora_rank", 0):
+        return mla_kv_bytes_per_token(cfg.n_layer, cfg.kv_lora_rank, cfg.qk_rope_head_dim, dtype_bytes)
     return kv_bytes_per_token(cfg.n_layer, cfg.kv_heads, cfg.head_dim, dtype_bytes)
 
 

@@ -15,7 +15,7 @@ import torch
 from ..attention import reference_attention
 from ..validate import check_bool, check_int
 
-__all__ = ["paged_attention", "write_kv", "slot_mapping"]
+__all__ = ["paged_attention", "write_kv", "write_slots", "gather_blocks", "slot_mapping"]
 
 
 def slot_mapping(block_table, positions, block_size):
@@ -46,16 +46,28 @@ def write_kv(k_cache, v_cache, slots, k, v, *, check=True):
     want = (slots.numel(), k_cache.size(1), k_cache.size(3))
     if tuple(k.shape) != want or tuple(v.shape) != want:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (N, n_kv, hs) = {want}")
+    write_slots(k_cache, slots, k, check=check)
+    write_slots(v_cache, slots, v, check=False)  # the same slots, checked once
+
+
+def write_slots(cache, slots, x, *, check=True):
+    """Store rows x (N, n_kv, hs) at ``slots`` (N,) of one paged cache (num_blocks, n_kv,
+    block_size, hs): keys, values, or MLA's latent rows. ``check``: as in :func:`write_kv`."""
     if check and slots.numel():
         lo, hi = int(slots.min()), int(slots.max())
-        if lo < 0 or hi >= k_cache.size(0) * k_cache.size(2):
+        if lo < 0 or hi >= cache.size(0) * cache.size(2):
             raise ValueError(f"slot {lo if lo < 0 else hi} is outside the cache's "
-                             f"[0, {k_cache.size(0) * k_cache.size(2)}) slots (a negative slot "
+                             f"[0, {cache.size(0) * cache.size(2)}) slots (a negative slot "
                              "would write from the end)")
-    bs = k_cache.size(2)
-    blocks, offsets = slots // bs, slots % bs  # (N,), (N,)
-    k_cache[blocks, :, offsets] = k  # advanced indices first: (N, n_kv, hs)
-    v_cache[blocks, :, offsets] = v
+    bs = cache.size(2)
+    cache[slots // bs, :, slots % bs] = x  # advanced indices first: (N, n_kv, hs)
+
+
+def gather_blocks(cache, block_tables):
+    """Every block of each sequence's table, in order: (num_blocks, n_kv, bs, hs) through
+    (B, max_blocks) -> (B, n_kv, max_blocks * bs, hs), in one indexing operation."""
+    B, n_kv, hs = block_tables.size(0), cache.size(1), cache.size(3)
+    return cache[block_tables].permute(0, 2, 1, 3, 4).reshape(B, n_kv, -1, hs)  # (B, n_kv, n, hs)
 
 
 def _check_shapes(q, k_cache, v_cache, block_tables, context_lens) -> None:
@@ -107,9 +119,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, *, check=Tr
         if lo < 0 or hi >= k_cache.size(0):
             raise ValueError(f"block_tables hold block id {lo if lo < 0 else hi}: valid ids are "
                              f"0..{k_cache.size(0) - 1} (a negative id would read from the end)")
-    n_kv = k_cache.size(1)
-    keys = k_cache[block_tables].permute(0, 2, 1, 3, 4).reshape(B, n_kv, n, hs)  # (B, n_kv, n, hs)
-    values = v_cache[block_tables].permute(0, 2, 1, 3, 4).reshape(B, n_kv, n, hs)  # (B, n_kv, n, hs)
+    keys, values = gather_blocks(k_cache, block_tables), gather_blocks(v_cache, block_tables)  # (B, n_kv, n, hs)
     # query i of sequence b sits at position context_lens[b] - T + i; keys past it (the padding
     # of the last block, the blocks of the table's padding) are hidden by the causal mask
     return reference_attention(q, keys, values, causal=True, q_offset=context_lens - T,

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from ..model import check_gpt2_block
 from ..validate import check_bool, check_int
 from .allocator import BlockAllocator, OutOfBlocksError
 from .analytic import DEFAULT_BLOCK_SIZE
-from .attention import paged_attention, write_kv
+from .contiguous import check_latent, latent_width
 from .sampling import token_list
+from .step import PagedStep
 
 __all__ = ["PagedKVCache", "PagedStep"]
 
@@ -48,12 +48,16 @@ class PagedKVCache:
     ``n_kv_head``: the key-value heads kept (n_head for multi-head attention, fewer with
     grouped-query attention).
     ``store=False`` keeps the bookkeeping only (no tensors): the engine's accounting runs.
+    ``latent``, ``absorb``: MLA's rows (c + d_rope a token a layer) in ``k``, no ``v``, as
+    :class:`labkit.paged_attention.contiguous.KVCache` keeps them.
     """
 
     def __init__(self, n_layer, n_kv_head, head_dim, num_blocks, block_size=DEFAULT_BLOCK_SIZE, *,
-                 device="cpu", dtype=torch.float32, store=True, prefix_sharing=True):
+                 device="cpu", dtype=torch.float32, store=True, prefix_sharing=True, latent=False,
+                 absorb=False):
         for name, value in [("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim)]:
             check_int(name, value, 1)
+        check_latent(latent, absorb, n_kv_head)
         check_bool("store", store)
         check_bool("prefix_sharing", prefix_sharing)
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -63,7 +67,8 @@ class PagedKVCache:
         shape = (num_blocks, n_kv_head, block_size, head_dim)  # (num_blocks, n_kv, bs, hs)
         n = n_layer if store else 0
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(0 if latent else n)]
+        self.latent, self.absorb = latent, absorb
         self.tables: dict[object, list[int]] = {}  # seq_id -> physical block ids
         self.lengths: dict[object, int] = {}  # seq_id -> tokens stored (or reserved this step)
         self.tokens: dict[object, list[int]] = {}  # seq_id -> the token ids of those slots
@@ -77,11 +82,11 @@ class PagedKVCache:
     @classmethod
     def for_model(cls, model, num_blocks, block_size=DEFAULT_BLOCK_SIZE, **kw):
         cfg, p = model.cfg, next(model.parameters())
-        check_gpt2_block(cfg, "PagedKVCache", supports=("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias",
-                                                        "n_positions", "n_kv_head"))
+        latent = latent_width(cfg, "PagedKVCache")
         n_kv = cfg.kv_heads // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
-        return cls(cfg.n_layer, n_kv, cfg.head_dim, num_blocks, block_size,
-                   device=p.device, dtype=p.dtype, **kw)
+        n_kv, head_dim = latent or (n_kv, cfg.head_dim)
+        return cls(cfg.n_layer, n_kv, head_dim, num_blocks, block_size,
+                   device=p.device, dtype=p.dtype, latent=latent is not None, **kw)
 
     # --- the narrow interface the engine uses -----------------------------------------------
     @property
@@ -248,42 +253,3 @@ class PagedKVCache:
 
     def used_blocks(self) -> set[int]:
         return {b for table in self.tables.values() for b in table}
-
-
-class PagedStep:
-    """What ``GPT.forward(idx, kv_cache=...)`` needs (:class:`labkit.model.KVCacheProtocol`):
-    ``begin`` gives positions, ``attend`` writes the new keys and values into their slots and
-    runs :func:`paged_attention`. Block tables and lengths are checked once here, from Python
-    integers, so no layer waits on the device."""
-
-    def __init__(self, cache: PagedKVCache, seq_ids, num_new: int):
-        if not cache.k:
-            raise ValueError("this cache was built with store=False: it holds no keys or values")
-        check_int("num_new", num_new, 1)
-        self.cache, self.T, bs = cache, num_new, cache.block_size
-        lens = [cache.length(s) for s in seq_ids]
-        if min(lens) < num_new:
-            raise ValueError(f"num_new={num_new}: every sequence must have reserved its "
-                             f"{num_new} new slots, lengths are {lens}")
-        device = cache.k[0].device
-        self.tables = cache.block_tables_tensor(seq_ids, device)  # (B, max_blocks)
-        self.context_lens = torch.tensor(lens, dtype=torch.long, device=device)  # (B,)
-        positions = [range(n - num_new, n) for n in lens]
-        self.positions = torch.tensor([list(p) for p in positions], device=device)  # (B, T)
-        slots = [cache.tables[s][p // bs] * bs + p % bs
-                 for s, ps in zip(seq_ids, positions) for p in ps]
-        self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # (B * T,)
-
-    def begin(self, idx):
-        if tuple(idx.shape) != tuple(self.positions.shape):
-            raise ValueError(f"idx has shape {tuple(idx.shape)}; this step reserved "
-                             f"{tuple(self.positions.shape)}")
-        return self.positions  # (B, T)
-
-    def attend(self, layer, q, k, v):
-        B, n_kv, T, hs = k.shape
-        write_kv(self.cache.k[layer], self.cache.v[layer], self.slots,
-                 k.transpose(1, 2).reshape(B * T, n_kv, hs),  # (B * T, n_kv, hs)
-                 v.transpose(1, 2).reshape(B * T, n_kv, hs), check=False)  # slots built in range here
-        return paged_attention(q, self.cache.k[layer], self.cache.v[layer], self.tables,
-                               self.context_lens, check=False)

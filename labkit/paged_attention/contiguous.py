@@ -10,7 +10,10 @@ declares (:class:`labkit.model.KVCacheProtocol`):
 
 :class:`KVCache` keeps one (B, n_kv, max_len, hs) slab per layer: the key-value heads only, so
 grouped-query attention caches n_kv / nh of what multi-head attention does (Ainslie et al. 2023).
-The paged cache (:mod:`.cache`) implements the same protocol over blocks.
+With ``latent=True`` (an MLA model, :mod:`labkit.mla`) it keeps one (B, 1, max_len, c + d_rope)
+slab per layer, the latent and the rotary key of each token, and no values; ``attend_latent``
+stores them and hands every kept row to the model's attention. The paged cache (:mod:`.cache`)
+implements the same protocol over blocks.
 """
 
 from __future__ import annotations
@@ -21,7 +24,35 @@ from ..attention import reference_attention
 from ..model import check_gpt2_block
 from ..validate import check_bool, check_int
 
-__all__ = ["KVCache", "generate"]
+__all__ = ["KVCache", "generate", "check_latent", "check_kind", "latent_width"]
+
+_SUPPORTS = ("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias", "n_positions", "n_kv_head",
+             "kv_lora_rank")  # what the caches have been checked on (tests/test_kv_cache.py, test_mla.py)
+
+
+def latent_width(cfg, technique: str) -> tuple[int, int] | None:
+    """(1, kv_lora_rank + qk_rope_head_dim), the one row a token keeps a layer, for an MLA config;
+    None for one with keys and values. Refuses what ``technique`` has not been checked on."""
+    check_gpt2_block(cfg, technique, supports=_SUPPORTS)
+    return (1, cfg.kv_lora_rank + cfg.qk_rope_head_dim) if cfg.kv_lora_rank else None
+
+
+def check_latent(latent, absorb, n_kv_head) -> None:
+    """A latent cache keeps one row a token (n_kv_head=1); ``absorb`` reads it, so it needs one."""
+    check_bool("latent", latent)
+    check_bool("absorb", absorb)
+    if latent and n_kv_head != 1:
+        raise ValueError(f"latent=True keeps one row of head_dim = kv_lora_rank + qk_rope_head_dim a token: "
+                         f"n_kv_head must be 1, not {n_kv_head}")
+    if absorb and not latent:
+        raise ValueError("absorb=True folds MLA's W^UK and W^UV into decoding: it needs latent=True")
+
+
+def check_kind(latent: bool, call_latent: bool) -> None:
+    """A cache of MLA latents serves ``attend_latent`` only, one of keys and values ``attend`` only."""
+    if latent != call_latent:
+        raise ValueError(f"this cache holds {'MLA latents' if latent else 'keys and values'} "
+                         f"(latent={latent}): it was built for another model")
 
 
 class KVCache:
@@ -31,31 +62,34 @@ class KVCache:
     of the batch has the same length; ``length`` tokens are stored so far. A
     forward's tokens count only once its last layer has attended: a forward the model refuses
     part-way (a bad token id, a position past its ``seq_len``) leaves the cache as it was.
+    ``latent``: rows of an MLA model in ``k`` (n_kv_head=1, head_dim=c + d_rope), ``v`` empty;
+    ``absorb``: decode with W^UK and W^UV absorbed (:meth:`labkit.mla.MultiHeadLatentAttention.attend_latent`).
     """
 
     def __init__(self, n_layer, batch_size, n_kv_head, head_dim, max_len, *, device="cpu",
-                 dtype=torch.float32):
+                 dtype=torch.float32, latent=False, absorb=False):
         for name, value in [("n_layer", n_layer), ("batch_size", batch_size),
                             ("n_kv_head", n_kv_head), ("head_dim", head_dim), ("max_len", max_len)]:
             check_int(name, value, 1)
+        check_latent(latent, absorb, n_kv_head)
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype={dtype!r} must be a floating torch.dtype: keys and values")
         shape = (batch_size, n_kv_head, max_len, head_dim)  # (B, n_kv, S, hs)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.max_len, self.length = max_len, 0
+        self.v = [] if latent else [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.max_len, self.length, self.latent, self.absorb = max_len, 0, latent, absorb
         self._new = None  # (start, end) of the forward in progress
 
     @classmethod
-    def for_model(cls, model, batch_size, max_len=None):
+    def for_model(cls, model, batch_size, max_len=None, *, absorb=False):
         """A cache shaped for ``model`` (a labkit GPT), on its device and in its dtype."""
         cfg, p = model.cfg, next(model.parameters())
-        check_gpt2_block(cfg, "KVCache", supports=("norm", "mlp", "pos", "d_ff", "tie_embeddings", "bias",
-                                                   "n_positions", "n_kv_head"))
+        latent = latent_width(cfg, "KVCache")
         n_kv = cfg.kv_heads // getattr(model, "tp_size", 1)  # a tensor-parallel rank: its heads only
+        n_kv, head_dim = latent or (n_kv, cfg.head_dim)
         max_len = cfg.seq_len if max_len is None else check_int("max_len", max_len, 1)
-        return cls(cfg.n_layer, batch_size, n_kv, cfg.head_dim, max_len,
-                   device=p.device, dtype=p.dtype)
+        return cls(cfg.n_layer, batch_size, n_kv, head_dim, max_len,
+                   device=p.device, dtype=p.dtype, latent=latent is not None, absorb=absorb)
 
     @property
     def nbytes(self) -> int:
@@ -76,10 +110,29 @@ class KVCache:
         self._new = (self.length, self.length + T)
         return torch.arange(self.length, self.length + T, device=idx.device)  # (T,)
 
-    def attend(self, layer, q, k, v):
+    def _step(self, layer, latent: bool) -> tuple[int, int]:
+        """(start, end) of the forward in progress; refuses a call this cache cannot serve."""
         if self._new is None:
             raise RuntimeError("attend() before begin(): call the model with kv_cache=cache")
-        s, e = self._new
+        check_kind(self.latent, latent)
+        return self._new
+
+    def attend_latent(self, layer, c_kv, k_rope, attend):
+        """MLA: store [c_kv; k_rope] (B, T, c + d_rope), attend over every row kept (KVCacheProtocol)."""
+        s, e = self._step(layer, True)
+        row = torch.cat([c_kv, k_rope], dim=-1)  # (B, T, c + d_rope)
+        rows = self.k[layer][:, 0]  # (B, max_len, c + d_rope), a view
+        if tuple(row.shape) != (rows.size(0), e - s, rows.size(2)):
+            raise ValueError(f"c_kv {tuple(c_kv.shape)} and k_rope {tuple(k_rope.shape)} must make rows "
+                             f"(B, T, c + d_rope) = {(rows.size(0), e - s, rows.size(2))}")
+        rows[:, s:e] = row
+        y = attend(rows[:, :e], s, self.absorb)  # query i at position s + i sees rows 0..s+i
+        if layer == len(self.k) - 1:  # the last layer: the forward's tokens now count
+            self.length, self._new = e, None
+        return y  # (B, nh, T, d_v)
+
+    def attend(self, layer, q, k, v):
+        s, e = self._step(layer, False)
         B, n_kv, _, hs = self.k[layer].shape
         want = (B, n_kv, e - s, hs)
         if (not tuple(k.shape) == tuple(v.shape) == want or q.dim() != 4 or (q.size(0), q.size(2), q.size(3))
@@ -98,11 +151,12 @@ class KVCache:
 
 
 @torch.no_grad()
-def generate(model, prompt, max_new_tokens, *, use_cache=True):
+def generate(model, prompt, max_new_tokens, *, use_cache=True, absorb=False):
     """Greedy decoding: prompt (B, T0) int64 -> (B, T0 + max_new_tokens).
 
     With ``use_cache`` the prompt is run once and every later step feeds one token through a
-    :class:`KVCache`; without it every step recomputes the whole sequence (the reference).
+    :class:`KVCache` (``absorb``: MLA's absorbed decoding); without it every step recomputes
+    the whole sequence (the reference).
     """
     check_int("max_new_tokens", max_new_tokens, 0)
     check_bool("use_cache", use_cache)
@@ -116,7 +170,7 @@ def generate(model, prompt, max_new_tokens, *, use_cache=True):
         raise ValueError(f"prompt {prompt.size(1)} + max_new_tokens {max_new_tokens} exceed "
                          f"seq_len={model.cfg.seq_len}")
     out = prompt
-    cache = KVCache.for_model(model, prompt.size(0), total) if use_cache else None
+    cache = KVCache.for_model(model, prompt.size(0), total, absorb=absorb) if use_cache else None
     feed = prompt
     for _ in range(max_new_tokens):
         logits = model(feed, kv_cache=cache) if use_cache else model(out)  # (B, T, V)
