@@ -10,9 +10,11 @@ config without ``model_type`` (written by hand, as Lab 9's) is read as a Llama's
 
 from __future__ import annotations
 
-from .validate import check_int
+import json
 
-__all__ = ["shape_fields", "SUPPORTED", "HARMLESS", "REQUIRED", "HF_CONFIG_FIELDS"]
+from .validate import ArgumentError, check_int
+
+__all__ = ["shape_fields", "read_config_json", "SUPPORTED", "HARMLESS", "REQUIRED", "HF_CONFIG_FIELDS"]
 
 # Keys that change neither parameters, memory nor FLOPs: ids, epsilons, initialisation, dropout,
 # caching, routing and rotary constants, soft-capping and attention scales (elementwise work).
@@ -71,11 +73,31 @@ _WRAPPER = HARMLESS | {"text_config", "vision_config", "tie_word_embeddings", "b
 SUPPORTED = tuple(FAMILIES) + tuple(MULTIMODAL)
 
 
+def read_config_json(text: str) -> dict:
+    """A config.json's text as a dict (the calculators' pasted one); an ArgumentError if it is not
+    JSON (kind "config_json": line and column), not an object ("config_object") or empty."""
+    if isinstance(text, str) and not text.strip():
+        raise ArgumentError("config.json is empty: paste the text of the model's config.json", "config_empty")
+    try:
+        config = json.loads(text)
+    except ValueError as e:  # json.JSONDecodeError (Brython's too)
+        line, column = getattr(e, "lineno", 1), getattr(e, "colno", 1)
+        raise ArgumentError(f"config.json is not valid JSON: line {line}, column {column}", "config_json",
+                            line=line, column=column) from None
+    if not isinstance(config, dict):
+        raise ArgumentError("config.json must be a JSON object ({...}), as Hugging Face writes it",
+                            "config_object")
+    return config
+
+
 def shape_fields(config: dict) -> dict:
     """The ``ModelShape`` fields of a parsed config.json (see the module docstring)."""
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict (a parsed config.json), not {type(config).__name__}")
     model_type, source = config.get("model_type", "llama"), ""
+    if not isinstance(model_type, str) or model_type not in FAMILIES and model_type not in MULTIMODAL:
+        raise ArgumentError(f"model_type={model_type!r} is not read by labkit; supported: {list(SUPPORTED)}",
+                            "model_type", model_type=model_type, supported=list(SUPPORTED))
     if model_type in MULTIMODAL:
         _refuse_unknown(config, _WRAPPER, model_type)
         text = config.get("text_config")
@@ -86,8 +108,6 @@ def shape_fields(config: dict) -> dict:
                   "its vision encoder and projector are not counted")
         config, model_type = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text}, \
             MULTIMODAL[model_type]
-    if model_type not in FAMILIES:
-        raise ValueError(f"model_type={model_type!r} is not read by labkit; supported: {list(SUPPORTED)}")
     keys, act, tied = FAMILIES[model_type]
     _refuse_unknown(config, HARMLESS | set(_COMMON) | set(keys), model_type)
     fields = {**_common(config, model_type, act, tied), **READERS[model_type](config)}
@@ -95,25 +115,28 @@ def shape_fields(config: dict) -> dict:
 
 
 def _refuse_unknown(config: dict, known, model_type: str) -> None:
-    unknown = sorted(k for k in config if k not in known)
+    unknown, read = sorted(k for k in config if k not in known), sorted(set(known) - HARMLESS)
     if unknown:
-        raise ValueError(f"config.json keys {unknown} are not read for model_type={model_type!r}; a key "
-                         "that changes memory or FLOPs must be modelled, not ignored "
-                         f"(read: {sorted(set(known) - HARMLESS)})")
+        raise ArgumentError(f"config.json keys {unknown} are not read for model_type={model_type!r}; a key "
+                            f"that changes memory or FLOPs must be modelled, not ignored (read: {read})",
+                            "config_keys", keys=unknown, model_type=model_type, read=read)
 
 
 def _common(c: dict, model_type: str, act: str, tied: bool) -> dict:
     """The keys every family reads: sizes, heads, head size, positions, embeddings, biases."""
     missing = [k for k in REQUIRED if c.get(k) is None]
     if missing:
-        raise ValueError(f"config.json is missing {missing}; a {model_type} config needs {list(REQUIRED)}")
+        raise ArgumentError(f"config.json is missing {missing}; a {model_type} config needs {list(REQUIRED)}",
+                            "config_missing", missing=missing, model_type=model_type, needed=list(REQUIRED))
     for key in ("hidden_act", "hidden_activation"):
         if c.get(key, act) != act:
-            raise ValueError(f"{key}={c[key]!r}: a {model_type} block is read with {act!r} "
-                             "(gated MLP: SwiGLU for 'silu', GeGLU for 'gelu_pytorch_tanh')")
+            raise ArgumentError(f"{key}={c[key]!r}: a {model_type} block is read with {act!r} (gated MLP: "
+                                "SwiGLU for 'silu', GeGLU for 'gelu_pytorch_tanh')", "config_act", key=key,
+                                value=c[key], model_type=model_type, act=act)
     for key in ("attention_bias", "mlp_bias"):
         if c.get(key) and not (key == "attention_bias" and model_type == "gpt_oss"):
-            raise ValueError(f"{key}={c[key]!r} is not modelled for model_type={model_type!r}")
+            raise ArgumentError(f"{key}={c[key]!r} is not modelled for model_type={model_type!r}",
+                                "config_value", key=key, value=c[key], model_type=model_type)
     rope = c.get("rope_parameters")  # transformers 5 moves rope_theta here
     theta = rope.get("rope_theta", c.get("rope_theta")) if isinstance(rope, dict) else c.get("rope_theta")
     fields = {
@@ -180,8 +203,9 @@ def _experts(c: dict, count: str, tops: tuple, width: str | None) -> dict:
     each one's width (``width``; None: d_ff)."""
     top = [c[k] for k in tops if c.get(k) is not None]
     if c.get(count) is None or not top:
-        raise ValueError(f"config.json is missing {[count] if c.get(count) is None else list(tops)}: "
-                         "a mixture of experts needs its expert count and experts per token")
+        missing = [count] if c.get(count) is None else list(tops)
+        raise ArgumentError(f"config.json is missing {missing}: a mixture of experts needs its expert "
+                            "count and experts per token", "config_missing_experts", missing=missing)
     if any(t != top[0] for t in top):
         raise ValueError(f"{list(tops)} disagree: {top}")
     fields = {"n_experts": c[count], "experts_per_token": top[0]}

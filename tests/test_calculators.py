@@ -3,7 +3,10 @@
 Each ``{calculator}`` (_ext/calculators.py) runs labkit's own modules in the page through
 Brython. For each calculator this sets at least five input sets in the form (one that does not
 fit, one typed shape), reads every number the page shows, and checks it equals what
-``labkit.estimate``, called here in the test's own interpreter, returns for the same inputs. It
+``labkit.estimate``, called here in the test's own interpreter, returns for the same inputs; the
+model's total and active parameters are among the numbers. Released config.json files (Mixtral-8x7B,
+DeepSeek-V3, serialised from ``labkit.released_configs``) and one labkit refuses are pasted into the
+form on the pages of both editions. It
 also opens a calculator page from ``file://`` with every request outside the book's folder
 blocked, and checks that a page whose Python runtime is missing says so.
 
@@ -25,9 +28,11 @@ from browser_support import LOCAL_HOSTS, ROOT, SCALE
 
 from labkit.estimate import check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
+from labkit.hf_config import read_config_json
 from labkit.messages import error_message, render, training_reason
 from labkit.plan import plan_training
-from labkit.shapes import PRESETS
+from labkit.released_configs import RELEASED
+from labkit.shapes import PRESETS, ModelShape
 
 
 
@@ -130,6 +135,24 @@ INPUTS = {
         {"preset": "tiny", "global_batch": "0"},
     ],
 }
+PASTE = "config.json"  # the preset choice that reads the pasted config.json
+
+
+def _paste(config: dict, **knobs) -> dict:
+    """Inputs that paste ``config`` (serialised as a config.json file is) into the form."""
+    return {"preset": PASTE, "config_json": json.dumps(config, indent=2), **knobs}
+
+
+# Pasted into the training and serving calculators, on the pages of both editions: two released
+# mixtures of experts (DeepSeek-V3 with MLA) and a config labkit refuses (an unknown model_type).
+PASTED = {
+    "training": [_paste(RELEASED["mixtral-8x7b"][2], seq_len="4096", micro_batch="1"),
+                 _paste(RELEASED["deepseek-v3"][2], seq_len="4096"),
+                 _paste({**RELEASED["mixtral-8x7b"][2], "model_type": "mixtral_next"})],
+    "kv": [_paste(RELEASED["mixtral-8x7b"][2], gpu="h200", tp_size="1", context_len="4096"),
+           _paste(RELEASED["deepseek-v3"][2], gpu="h200", tp_size="8", context_len="4096"),
+           _paste({**RELEASED["deepseek-v3"][2], "model_type": "deepseek_v4"}, tp_size="1")],
+}
 KNOB_KIND = {"seq_len": int, "micro_batch": int, "dp_size": int, "tp_size": int,
              "pp_size": int, "context_len": int, "gpu_memory_utilization": float, "kv_bytes": int,
              "weight_bytes": int, "zero_stage": int, "num_gpus": int, "gpus_per_node": int,
@@ -161,10 +184,12 @@ def _set(page, calc, values: dict) -> dict:
 def _expected_inputs(form: dict, kind: str) -> dict:
     """The form's fields as Python values, as the page's Python reads them."""
     got = {"preset": form["preset"]}
+    if form["preset"] == PASTE:
+        got["config_json"] = form["config_json"]
     for name in SHAPE:
         got[name] = int(form[name]) if form[name].strip() else None
     for name, text in form.items():
-        if name in got:
+        if name in got or name == "config_json":
             continue
         if name == "sequence_parallel":
             got[name] = text == "on"
@@ -175,42 +200,55 @@ def _expected_inputs(form: dict, kind: str) -> dict:
     return got
 
 
+def _model(got: dict) -> ModelShape:
+    if got["preset"] == PASTE:
+        return ModelShape.from_hf_config(read_config_json(got["config_json"]))
+    return PRESETS[got["preset"]]
+
+
 def _estimate(kind: str, got: dict, lang: str = "en") -> dict:
-    """What labkit returns for these inputs: {data-name: value}, or {"error": message}; the
-    messages (a refusal, why nothing fits) as labkit.messages renders them in ``lang``."""
+    """What labkit returns for these inputs: {data-name: value}, with "error" (the message) if
+    refused; the model's parameters once its shape is read; the messages (a refusal, why nothing
+    fits) as labkit.messages renders them in ``lang``."""
+    model = {}
     try:
-        shape = replace(PRESETS[got["preset"]], **{n: got[n] for n in SHAPE})
-        capacity = GPUS[got["gpu"]].memory_bytes
-        if kind == "plans":
-            return _plans(shape, got, lang)
-        if kind == "kv":
-            check_context_len(shape, got["context_len"])
-            est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
-                                 weight_bytes=got["weight_bytes"], kv_bytes=got["kv_bytes"],
-                                 gpu_memory_utilization=got["gpu_memory_utilization"])
-            d = est.to_dict()
-            d["total"] = est.weights + est.activation_peak + est.non_torch + est.kv_cache
-            out = {k: d[k] for k in SERVE_PARTS}
-            conc = est.max_concurrency(got["context_len"])
-            out.update(num_blocks=est.num_blocks, max_tokens=est.max_tokens,
-                       max_concurrency=conc, serves=int(conc > 0),
-                       fits=int(d["total"] <= capacity))
-            return out
-        dims = SimpleNamespace(dp_size=got.get("dp_size", 1), tp_size=got.get("tp_size", 1),
-                               pp_size=got.get("pp_size", 1), cp_size=1)
-        kw = {k: got[k] for k in ("zero_stage", "recompute", "sequence_parallel", "precision",
-                                  "optimizer")
-              if k in got}
-        runs = {f"z{s}-": {"zero_stage": s} for s in range(4)} if kind == "zero" else {"": {}}
-        out = {}
-        for prefix, over in runs.items():
-            d = training_memory(shape, seq_len=got["seq_len"], micro_batch=got["micro_batch"],
-                                dims=dims, **kw, **over).to_dict()
-            out.update({prefix + k: d[k] for k in TRAIN_PARTS})
-            out[prefix + "fits"] = int(d["total"] <= capacity)
-        return out
+        shape = replace(_model(got), **{n: got[n] for n in SHAPE})
+        model = {"num_params": shape.num_params(), "active_params": shape.active_params()}
+        return {**model, **_memory(kind, shape, got, lang)}
     except (ValueError, TypeError) as e:
-        return {"error": error_message(e, lang)}
+        return {**model, "error": error_message(e, lang)}
+
+
+def _memory(kind: str, shape: ModelShape, got: dict, lang: str) -> dict:
+    capacity = GPUS[got["gpu"]].memory_bytes
+    if kind == "plans":
+        return _plans(shape, got, lang)
+    if kind == "kv":
+        check_context_len(shape, got["context_len"])
+        est = serving_memory(shape, gpu=got["gpu"], tp_size=got["tp_size"],
+                             weight_bytes=got["weight_bytes"], kv_bytes=got["kv_bytes"],
+                             gpu_memory_utilization=got["gpu_memory_utilization"])
+        d = est.to_dict()
+        d["total"] = est.weights + est.activation_peak + est.non_torch + est.kv_cache
+        out = {k: d[k] for k in SERVE_PARTS}
+        conc = est.max_concurrency(got["context_len"])
+        out.update(num_blocks=est.num_blocks, max_tokens=est.max_tokens,
+                   max_concurrency=conc, serves=int(conc > 0),
+                   fits=int(d["total"] <= capacity))
+        return out
+    dims = SimpleNamespace(dp_size=got.get("dp_size", 1), tp_size=got.get("tp_size", 1),
+                           pp_size=got.get("pp_size", 1), cp_size=1)
+    kw = {k: got[k] for k in ("zero_stage", "recompute", "sequence_parallel", "precision",
+                              "optimizer")
+          if k in got}
+    runs = {f"z{s}-": {"zero_stage": s} for s in range(4)} if kind == "zero" else {"": {}}
+    out = {}
+    for prefix, over in runs.items():
+        d = training_memory(shape, seq_len=got["seq_len"], micro_batch=got["micro_batch"],
+                            dims=dims, **kw, **over).to_dict()
+        out.update({prefix + k: d[k] for k in TRAIN_PARTS})
+        out[prefix + "fits"] = int(d["total"] <= capacity)
+    return out
 
 
 def _plans(shape, got: dict, lang: str = "en") -> dict:
@@ -263,11 +301,12 @@ def _shown(calc, want: dict, timeout: float = 30.0, progress: set | None = None)
         if time.monotonic() > deadline:
             pytest.fail(f"the calculator did not show {want}: data-inputs={raw!r}, state={state}")
         time.sleep(0.1)
-    if state == "error":
-        return {"error": out.locator(".labkit-calc-error").inner_text()}
-    return out.evaluate("""el => Object.fromEntries(Array.from(
+    values = out.evaluate("""el => Object.fromEntries(Array.from(
         el.querySelectorAll('.labkit-calc-value')).map(v => [v.dataset.name,
                                                              [v.dataset.value, v.textContent]]))""")
+    if state == "error":
+        values["error"] = out.locator(".labkit-calc-error").inner_text()
+    return values
 
 
 def _open(browser, url: str, problems: list, requests: list, route=None):  # noqa: F811
@@ -298,11 +337,11 @@ def _gb(n: int) -> str:
 
 
 def _check_shown(kind: str, shown: dict, expected: dict, inputs: dict, lang: str = "en") -> None:
-    if "error" in expected:
-        assert shown == expected, f"{kind} {inputs}: the page's error differs from labkit's"
-        return
-    assert set(shown) == set(expected), f"{kind} {inputs}: numbers shown {sorted(shown)}"
+    assert set(shown) == set(expected), f"{kind} {inputs}: shown {sorted(shown)}, labkit {sorted(expected)}"
     for name, want in expected.items():
+        if name == "error":
+            assert shown[name] == want, f"{kind} {inputs}: the page's error differs from labkit's"
+            continue
         value, text = shown[name]
         part = name.split("-")[-1]
         if name == "reason":
@@ -321,6 +360,8 @@ def _check_shown(kind: str, shown: dict, expected: dict, inputs: dict, lang: str
             assert text == _gb(want), f"{kind} {inputs}: {name} reads {text!r}"
         elif part in ("num_blocks", "max_tokens", "max_concurrency"):
             assert text == str(want), f"{kind} {inputs}: {name} reads {text!r}"
+        elif part in ("num_params", "active_params"):
+            assert text == f"{want:,}", f"{kind} {inputs}: {name} reads {text!r}"
 
 
 def test_every_calculator_is_tested(built_book):
@@ -342,7 +383,7 @@ def test_calculator_shows_labkits_numbers(browser, site, kind):  # noqa: F811
         _ready(page)
         calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
         fits, progress = set(), set()
-        for inputs in INPUTS[kind]:
+        for inputs in INPUTS[kind] + PASTED.get(kind, []):
             got = _expected_inputs(_set(page, calc, inputs), kind)
             expected = _estimate(kind, got)
             _check_shown(kind, _shown(calc, got, progress=progress), expected, inputs)
@@ -454,8 +495,9 @@ calculator_ui.main()</script></head>
 # (no bf16 peak), nothing fitting.
 MORE_INPUTS = {
     "training": [{"preset": "mixtral-8x7b"}, {"preset": "gpt2-small", "seq_len": "abc"}],
-    "zero": [{"preset": "gpt2-small", "n_head": "5"}],
-    "activations": [{"preset": "llama-2-7b", "n_kv_head": "3"}],
+    "zero": [{"preset": "gpt2-small", "n_head": "5"},
+             {"preset": PASTE, "config_json": '{"model_type": "llama",\n "hidden_size": 4096,}'}],
+    "activations": [{"preset": "llama-2-7b", "n_kv_head": "3"}, {"preset": PASTE, "config_json": ""}],
     "parallel": [{"preset": "gpt2-small", "pp_size": "13"}],
     "kv": [{"preset": "llama-2-70b", "gpu": "t4", "tp_size": "1", "context_len": "4096"}],
     "plans": [{"preset": "gpt2-small", "gpu": "t4", "num_gpus": "1", "global_batch": "8",
@@ -558,25 +600,30 @@ def test_calculators_speak_the_pages_language(browser, standalone, lang):  # noq
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("kind", ["training", "plans"])
+@pytest.mark.parametrize("kind", ["training", "plans", "kv"])
 def test_chinese_edition_calculator_speaks_chinese(browser, site, kind):  # noqa: F811
     """The calculator on its Chinese page (the built book's zh/ edition, <html lang> from Sphinx's
     ``language``) shows its labels and results in Chinese, with no English word outside the
-    glossary's kept list."""
+    glossary's kept list; the pasted config.json files show labkit's numbers, or its refusal in
+    Chinese."""
     from test_i18n import english_words, kept_latin
 
-    problems, requests = [], []
+    problems, requests, texts, errors = [], [], [], []
     context, page = _open(browser, f"{site}/zh/{PAGES[kind]}.html", problems, requests)
     try:
         _ready(page)
         calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
-        inputs = INPUTS[kind][1]
-        got = _expected_inputs(_set(page, calc, inputs), kind)
-        _check_shown(kind, _shown(calc, got), _estimate(kind, got, "zh_CN"), inputs, "zh_CN")
-        texts = [t for t in _words_shown(calc) if t.strip()]
+        for inputs in [INPUTS[kind][1]] + PASTED.get(kind, []):
+            got = _expected_inputs(_set(page, calc, inputs), kind)
+            expected = _estimate(kind, got, "zh_CN")
+            _check_shown(kind, _shown(calc, got), expected, inputs, "zh_CN")
+            errors += [expected["error"]] if "error" in expected else []
+            texts += [t for t in _words_shown(calc) if t.strip()]
     finally:
         context.close()
     assert any(re.search(r"[\u4e00-\u9fff]", t) for t in texts), texts
     english = {t: w for t in texts if (w := english_words(t, kept_latin()))}
     assert not english, f"zh {kind}: English in the calculator: {english}"
+    if kind in PASTED:  # the unknown model_type, refused in Chinese
+        assert any(e.startswith("labkit 不读取 model_type=") for e in errors), errors
     assert not problems, "\n".join(problems)

@@ -15,8 +15,10 @@ from test_i18n import english_words, i18n, kept_latin
 
 from labkit.estimate import check_context_len, serving_memory, training_memory
 from labkit.hardware import get_gpu
+from labkit.hf_config import read_config_json
 from labkit.messages import CATALOGUES, error_message, language, pieces, render, serving_reason, training_reason
 from labkit.plan import plan_serving, plan_training
+from labkit.released_configs import RELEASED
 from labkit.shapes import PRESETS, ModelShape
 from labkit.validate import ArgumentError, check_bool, check_choice, check_float, check_int
 
@@ -95,6 +97,7 @@ def test_serving_reason_is_the_planners_in_english():
     assert CJK.search(serving_reason(found.refused, "zh_CN"))
 
 
+MIXTRAL = RELEASED["mixtral-8x7b"][2]
 # Each refusal a calculator can meet, with the kind it carries.
 REFUSALS = [
     (lambda: check_int("seq_len", 0, 1), "int"),
@@ -111,6 +114,17 @@ REFUSALS = [
     (lambda: serving_memory("llama-3-8b", gpu="a100", tp_size=3), "serving_tp"),
     (lambda: training_memory("mixtral-8x7b", seq_len=128, micro_batch=1), "untrainable"),
     (lambda: plan_training("gpt2-small", gpu="t4", num_gpus=1, seq_len=1024, global_batch=8), "no_peak"),
+    # a config.json pasted into a calculator (labkit.hf_config)
+    (lambda: read_config_json('{"model_type": "llama",}'), "config_json"),
+    (lambda: read_config_json("[1, 2]"), "config_object"),
+    (lambda: read_config_json(" \n"), "config_empty"),
+    (lambda: ModelShape.from_hf_config({**MIXTRAL, "model_type": "bert"}), "model_type"),
+    (lambda: ModelShape.from_hf_config({**MIXTRAL, "moe_capacity": 2}), "config_keys"),
+    (lambda: ModelShape.from_hf_config({"model_type": "llama", "hidden_size": 64}), "config_missing"),
+    (lambda: ModelShape.from_hf_config({k: v for k, v in MIXTRAL.items() if k != "num_local_experts"}),
+     "config_missing_experts"),
+    (lambda: ModelShape.from_hf_config({**MIXTRAL, "hidden_act": "gelu"}), "config_act"),
+    (lambda: ModelShape.from_hf_config({**MIXTRAL, "mlp_bias": True}), "config_value"),
 ]
 
 

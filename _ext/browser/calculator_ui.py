@@ -5,10 +5,13 @@ a form; every change re-reads the form, calls ``labkit.estimate`` (the package t
 and writes the result: a bar of the per-GPU bytes and the numbers. Nothing here computes memory:
 it reads inputs, calls labkit, and formats what labkit returned.
 
-The form's ``preset`` picks a published shape; the shape fields below it start at the preset's
-values and override them (``dataclasses.replace``), so a reader can type any shape. Every number
-shown carries its exact value in ``data-value``; the output carries the inputs it was computed
-from in ``data-inputs`` (JSON), so a test can check the page against the estimator.
+The form's ``preset`` picks a published shape, or ``config.json``: a Hugging Face config.json
+pasted beside it, parsed here by Brython's json and read by ``ModelShape.from_hf_config`` (the
+same Python; a refused config is shown as labkit's refusal, never replaced by a preset). The
+shape fields below start at the model's values and override them (``dataclasses.replace``), so a
+reader can type any shape. The output starts with the model's total and active parameters. Every
+number shown carries its exact value in ``data-value``; the output carries the inputs it was
+computed from in ``data-inputs`` (JSON), so a test can check the page against the estimator.
 
 Every word shown (labels, option texts, column heads, units, progress, verdicts, the planner's
 reasons and labkit's refusals) comes from ``labkit.messages``' table of the page's language
@@ -25,10 +28,12 @@ from labkit.estimate import OPTIMIZERS, PRECISIONS, check_context_len, serving_m
 from labkit.hardware import GPUS
 from labkit.memory.analytic import RECOMPUTE
 from labkit.messages import error_message, known, language, pieces, render, training_reason
-from labkit.shapes import PRESETS
+from labkit.hf_config import read_config_json
+from labkit.shapes import PRESETS, ModelShape
 
 SHAPE_FIELDS = ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab_size")
 OPTIONAL = ("n_kv_head", "d_ff")  # empty: the preset family's default (multi-head, 4 h)
+PASTED = "config.json"  # the preset choice that reads the pasted config.json (field "config_json")
 
 # name: (kind, default, choices); the label a reader sees is labkit.messages' "label.<name>",
 # and a choice's text its "option.<name>.<choice>" where the catalogue has one
@@ -110,7 +115,10 @@ def gb(n):
 def _field(calc, name, value, choices=None):
     """A labelled box of the form: its label and its choices' texts in the page's language, its
     values the code's."""
-    if choices is None:
+    if name == "config_json":  # the pasted config.json: a text area beside the preset
+        box = html.TEXTAREA(name=name, rows=6, cols=48, placeholder=_t("calc.paste_here"),
+                            spellcheck="false", **{"class": "labkit-calc-input labkit-calc-config"})
+    elif choices is None:
         box = html.INPUT(type="text", value="" if value is None else str(value), size=7,
                          name=name, **{"class": "labkit-calc-input"})
     else:
@@ -136,7 +144,10 @@ class Calculator:
         self.fields = {}
         preset = root.attrs.get("data-preset", "llama-2-7b")
         form = html.DIV(Class="labkit-calc-form")
-        form <= _field(self, "preset", preset, tuple(PRESETS))
+        form <= _field(self, "preset", preset, tuple(PRESETS) + (PASTED,))
+        self.paste = _field(self, "config_json", None)
+        self.paste.attrs["class"] = "labkit-calc-paste"
+        form <= self.paste
         for name in SHAPE_FIELDS:
             form <= _field(self, name, None)
         for name in KINDS[self.kind]:
@@ -152,8 +163,9 @@ class Calculator:
         root <= self.out
         self.fill_shape()
         self.fields["preset"].bind("change", lambda ev: (self.fill_shape(), self.update()))
+        self.fields["config_json"].bind("input", lambda ev: (self.fill_shape(), self.update()))
         for name, box in self.fields.items():
-            if name != "preset":
+            if name not in ("preset", "config_json"):
                 box.bind("input", lambda ev: self.update())
                 box.bind("change", lambda ev: self.update())
         self.pending = None
@@ -172,14 +184,28 @@ class Calculator:
         self.pending = timer.set_timeout(self.compute, 400)
 
     def fill_shape(self):
-        shape = PRESETS[self.fields["preset"].value]
+        """The shape fields from the preset or the pasted config.json (one that is refused leaves
+        them as they were: compute() shows the refusal)."""
+        pasted = self.fields["preset"].value == PASTED
+        self.paste.style.display = "flex" if pasted else "none"
+        try:
+            shape = model_shape(self.inputs_model())
+        except (ValueError, TypeError):
+            return
         for name in SHAPE_FIELDS:
             value = getattr(shape, name)
             self.fields[name].value = "" if value is None else str(value)
 
+    def inputs_model(self):
+        """The model chosen: {"preset": name}, with "config_json" (the pasted text) for PASTED."""
+        got = {"preset": self.fields["preset"].value}
+        if got["preset"] == PASTED:
+            got["config_json"] = self.fields["config_json"].value
+        return got
+
     def inputs(self):
         """The form as Python values (a ValueError names a field that is not a number)."""
-        got = {"preset": self.fields["preset"].value}
+        got = self.inputs_model()
         for name in SHAPE_FIELDS:
             text = self.fields[name].value.strip()
             got[name] = None if (text == "" and name in OPTIONAL) else _number(name, text, int)
@@ -202,22 +228,26 @@ class Calculator:
 
     def compute(self):
         self.pending = None
-        got = None
+        got = shape = None
         try:
             got = self.inputs()
-            shape = replace(PRESETS[got["preset"]], **{n: got[n] for n in SHAPE_FIELDS})
+            shape = replace(model_shape(got), **{n: got[n] for n in SHAPE_FIELDS})
             if self.kind == "plans":
                 self.start_plans(shape, got)
                 return
             body = self.serving(shape, got) if self.kind == "kv" else self.training(shape, got)
-            self.show(body, got, "ok")
+            self.show(body, got, "ok", shape)
         except (ValueError, TypeError) as e:
-            self.show(_error(e), got, "error")
+            self.show(_error(e), got, "error", shape)
 
-    def show(self, body, got, state):
+    def show(self, body, got, state, shape=None):
+        """The output: the model's parameters (once its shape is read), then ``body``."""
         self.progress.text = ""
         self.out.style.opacity = "1"
         self.out.clear()
+        if shape is not None:
+            self.out <= html.P(_spans("calc.model_params", num_params=shape.num_params(),
+                                      active_params=shape.active_params()), Class="labkit-calc-model")
         self.out <= body
         self.out.attrs["data-inputs"] = json.dumps(got, sort_keys=True) if got else ""
         self.out.attrs["data-state"] = state
@@ -275,9 +305,9 @@ class Calculator:
                               micro_batches=tuple(got["micro_batches"]),
                               interleave=tuple(got["interleave"]), stepwise=True)
         self.run += 1
-        self.step_plans(steps, got, self.run)
+        self.step_plans(steps, got, self.run, shape)
 
-    def step_plans(self, steps, got, run):
+    def step_plans(self, steps, got, run, shape):
         """Size configurations for STEP_MS, say how far the sweep is, then give the browser its
         turn; show the plans at the end. A newer run (the inputs changed) ends this one."""
         if run != self.run:
@@ -286,14 +316,14 @@ class Calculator:
             end = window.performance.now() + STEP_MS
             for done, total, found in steps:
                 if found is not None:
-                    self.show(self.plans(found), got, "ok")
+                    self.show(self.plans(found), got, "ok", shape)
                     return
                 if window.performance.now() > end:
                     break
             self.progress.text = _t("calc.progress", done=done, total=total)
-            timer.set_timeout(lambda: self.step_plans(steps, got, run), 0)
+            timer.set_timeout(lambda: self.step_plans(steps, got, run, shape), 0)
         except (ValueError, TypeError) as e:
-            self.show(_error(e), got, "error")
+            self.show(_error(e), got, "error", shape)
 
     def plans(self, found):
         """The sweep's result: how many sized and fit, the fastest plan's memory, the best TOP."""
@@ -316,6 +346,13 @@ class Calculator:
                               for k in PLAN_COLUMNS])
         body <= table
         return body
+
+
+def model_shape(got):
+    """The model of the form's choice: a preset, or the pasted config.json read by labkit."""
+    if got["preset"] == PASTED:
+        return ModelShape.from_hf_config(read_config_json(got["config_json"]))
+    return PRESETS[got["preset"]]
 
 
 def _plan_text(name, value):

@@ -50,6 +50,9 @@ CATALOGUE = {
     "calc.best_memory": "The fastest plan's memory per GPU (limit {limit:.2GB}):",
     "calc.progress": "computing: {done} of {total} layouts sized",
     "calc.could_not_start": "The calculator could not start: {error}",
+    "calc.model_params": "parameters: {num_params:,} in all, {active_params:,} active per token",
+    "calc.paste_here": "Paste a Hugging Face config.json here",
+    "label.config_json": "pasted config.json", "option.preset.config.json": "a pasted config.json",
     # the planner's reasons (labkit.plan: TrainingPlans.overflows, ServingPlans.refused)
     "plan.overflow": "{term}: {bytes_so_far:.1GB} of {limit_bytes:.1GB}",
     "plan.layout": "t={tp_size}{cp} p={pp_size} N_d={dp_size}: {why}",
@@ -98,6 +101,19 @@ CATALOGUE = {
                       "(no {half} tensor cores); valid on {gpu}: {valid:list}"),
     "error.other": "{detail}",
     "error.not_a_number": "{name}: {text:q} is not a number",
+    # a pasted config.json refused (labkit.hf_config: read_config_json, shape_fields)
+    "error.config_json": "config.json is not valid JSON: line {line}, column {column}",
+    "error.config_empty": "config.json is empty: paste the text of the model's config.json",
+    "error.config_object": "config.json must be a JSON object ({...}), as Hugging Face writes it",
+    "error.model_type": "model_type={model_type!r} is not read by labkit; supported: {supported!r}",
+    "error.config_keys": ("config.json keys {keys!r} are not read for model_type={model_type!r}; a key that "
+                          "changes memory or FLOPs must be modelled, not ignored (read: {read!r})"),
+    "error.config_missing": "config.json is missing {missing!r}; a {model_type} config needs {needed!r}",
+    "error.config_missing_experts": ("config.json is missing {missing!r}: a mixture of experts needs its "
+                                     "expert count and experts per token"),
+    "error.config_act": ("{key}={value!r}: a {model_type} block is read with {act!r} (gated MLP: SwiGLU "
+                         "for 'silu', GeGLU for 'gelu_pytorch_tanh')"),
+    "error.config_value": "{key}={value!r} is not modelled for model_type={model_type!r}",
     "feature.experts": "experts", "feature.MLA": "MLA", "feature.head size": "head size",
     "feature.q/k/v biases": "q/k/v biases", "feature.output bias": "output bias",
     "feature.qk-norm": "qk-norm", "feature.feed-forward norms": "feed-forward norms",
