@@ -113,11 +113,24 @@ def steer_to_rank(model, ep_size: int, rank: int = 0, strength: float = 10.0) ->
         layer.expert_bias[rank * n_local:(rank + 1) * n_local] = strength
 
 
+def _rows_computed(pm, dims, rank) -> int:
+    """Rows this rank's experts ran in the last step (dropless), summed over the MoE layers: the
+    loads every rank routed to them, gathered from the ranks of its ep group."""
+    load = torch.stack([m.load for m in moe_layers(pm.model)]).sum(0)  # (E,), this rank's routing
+    every = [torch.empty_like(load) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, load)
+    group = next(g for g in dims.expert_groups()[0] if rank in g) if dims.ep_size > 1 else [rank]
+    n_local = load.numel() // dims.ep_size
+    j = group.index(rank)
+    return int(sum(every[r][j * n_local:(j + 1) * n_local].sum().item() for r in group))
+
+
 def ep_bench_rank(rank, world_size, cfg, ep_sizes=(1, 2, 4), seqs_per_rank=4, repeats=3):
     """Per ep (dp = world_size; ep = 1: every expert replicated on every rank) and per routing
     ("balanced": the router's own; "skewed": every token to the first ep rank's experts): seconds
     of one SGD step (forward, backward, gradient reduction, step; float32), all-to-all bytes this
-    rank's counter saw, the rows its layers dispatched, and the expert parameters it holds."""
+    rank's counter saw and its all-reduce bytes (the gradients), the rows its layers dispatched
+    and the rows its experts computed, and the expert parameters it holds."""
     out = {}
     for ep in ep_sizes:
         if ep > cfg.n_experts or world_size % ep:
@@ -135,8 +148,11 @@ def ep_bench_rank(rank, world_size, cfg, ep_sizes=(1, 2, 4), seqs_per_rank=4, re
                 pm.forward_backward(x, y)
                 opt.step()
             step()  # warm-up
+            for m in moe_layers(pm.model):
+                m.load.zero_()
             with CommCounter() as comm:
                 step()
+            computed = _rows_computed(pm, dims, rank)
             dist.barrier()
             start = time.perf_counter()
             for _ in range(repeats):
@@ -144,6 +160,7 @@ def ep_bench_rank(rank, world_size, cfg, ep_sizes=(1, 2, 4), seqs_per_rank=4, re
             dist.barrier()  # the step of the slowest rank
             out[(ep, routing)] = {
                 "seconds": (time.perf_counter() - start) / repeats, "all_to_all": comm.stats.bytes["all_to_all"],
-                "rows": sum(m.kept for m in moe_layers(pm.model)),
+                "all_reduce": comm.stats.bytes["all_reduce"],
+                "rows": sum(m.kept for m in moe_layers(pm.model)), "computed": computed,
                 "expert_params": sum(p.numel() for n, p in pm.model.named_parameters() if ".experts." in n)}
     return out
