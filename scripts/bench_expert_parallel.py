@@ -56,7 +56,7 @@ def main(argv=None) -> int:
           f"{'all-reduce MB':>15}{'expert params':>15}")
     base = out[(args.ep_sizes[0], "balanced")]["seconds"]
     for (ep, routing), r in out.items():
-        print(f"{ep:>3}{routing:>10}{r['seconds'] * 1e3:>10.1f}{r['seconds'] / base:>9.2f}{r['rows']:>7}{r['computed']:>10}"
+        print(f"{ep:>3}{routing:>10}{r['seconds'] * 1e3:>10.1f}{r['seconds'] / base:>9.2f}{sum(r['rows']):>7}{r['computed']:>10}"
               f"{r['all_to_all'] / 1e6:>15.3f}{r['all_reduce'] / 1e6:>15.3f}{r['expert_params']:>15,}")
     print("sent: the (token, expert) rows rank 0's MoE layers dispatched; computed: the rows its experts ran\n"
           "(both summed over layers). Skewed: every token goes to the first ep rank's experts, so rank 0\n"

@@ -129,8 +129,8 @@ def ep_bench_rank(rank, world_size, cfg, ep_sizes=(1, 2, 4), seqs_per_rank=4, re
     """Per ep (dp = world_size; ep = 1: every expert replicated on every rank) and per routing
     ("balanced": the router's own; "skewed": every token to the first ep rank's experts): seconds
     of one SGD step (forward, backward, gradient reduction, step; float32), all-to-all bytes this
-    rank's counter saw and its all-reduce bytes (the gradients), the rows its layers dispatched
-    and the rows its experts computed, and the expert parameters it holds."""
+    rank's counter saw and its all-reduce bytes (the gradients), the rows each of its MoE layers
+    dispatched and the rows its experts computed (all layers), and the expert parameters it holds."""
     out = {}
     for ep in ep_sizes:
         if ep > cfg.n_experts or world_size % ep:
@@ -161,6 +161,6 @@ def ep_bench_rank(rank, world_size, cfg, ep_sizes=(1, 2, 4), seqs_per_rank=4, re
             out[(ep, routing)] = {
                 "seconds": (time.perf_counter() - start) / repeats, "all_to_all": comm.stats.bytes["all_to_all"],
                 "all_reduce": comm.stats.bytes["all_reduce"],
-                "rows": sum(m.kept for m in moe_layers(pm.model)), "computed": computed,
+                "rows": [m.kept for m in moe_layers(pm.model)], "computed": computed,
                 "expert_params": sum(p.numel() for n, p in pm.model.named_parameters() if ".experts." in n)}
     return out
