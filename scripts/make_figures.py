@@ -49,7 +49,7 @@ CATEGORIES_ZH = {"parameters": "参数", "buffers": "缓冲区", "gradients": "�
 TECHNIQUES_ZH = {"activation checkpointing": "梯度检查点", "gradient accumulation": "梯度累积",
                  "mixed precision": "混合精度", "pipeline parallelism": "流水线并行",
                  "tensor parallelism": "张量并行", "sequence parallelism": "序列并行",
-                 "context parallelism": "上下文并行"}
+                 "context parallelism": "上下文并行", "mixture of experts": "混合专家"}
 
 # name, year, dense 16-bit tensor-core TFLOP/s, HBM GB, HBM GB/s: the SXM part at launch.
 # V100: 125 TFLOP/s fp16 tensor, 16 GB, 900 GB/s (nvidia2017v100). A100: 312 bf16, 40 GB,
@@ -231,12 +231,15 @@ TIMELINE = [
     ("PagedAttention", [(2023.7, "vLLM 2023-09")], "vLLM"),
     ("context parallelism", [(2023.7, "Ulysses 2023-09"), (2023.75, "Ring Attention 2023-10")],
      "Megatron-Core, torchtitan"),
+    ("mixture of experts", [(2017.0, "Shazeer et al. 2017-01"), (2020.45, "GShard 2020-06"),
+                            (2021.0, "Switch 2021-01"), (2024.95, "DeepSeek-V3 2024-12")],
+     "Megatron-Core, DeepSpeed"),
 ]
 
 
 def timeline(path: Path, t=english) -> None:
     # Drawn at 8 inches for a page column of about 750 px: 9-point labels show at about 11 px.
-    fig, ax = plt.subplots(figsize=(8, 6.4))
+    fig, ax = plt.subplots(figsize=(8, 7))
     for row, (technique, papers, systems) in enumerate(TIMELINE):
         y = len(TIMELINE) - row
         xs = [max(x, 2015.2) for x, _ in papers]

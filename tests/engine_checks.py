@@ -52,7 +52,8 @@ def deepspeed_case(config: dict, world: dict) -> dict:
 _MEGATRON_OWN = {"micro_batch_size", "global_batch_size", "seq_length", "max_position_embeddings", "vocab_size",
                  "group_query_attention", "swiglu", "position_embedding_type", "untie_embeddings_and_output_weights",
                  "disable_bias_linear", "grad_reduce_in_bf16", "use_megatron_fsdp",
-                 "num_virtual_stages_per_pipeline_rank", "decoder_first_pipeline_num_layers"}
+                 "num_virtual_stages_per_pipeline_rank", "decoder_first_pipeline_num_layers",
+                 "num_experts"}  # Megatron-LM's --num-experts, TransformerConfig.num_moe_experts
 
 
 def _megatron_flags(args: list) -> dict:

@@ -625,6 +625,88 @@ def causal_pairs_of_rank(seq_len, cp_size, rank, layout):
     c = seq_len // n
     return sum((2 * j + 1) * c * c // 2 for j in chunks)
 '''),
+    ("11_moe", "q1", "top-k probabilities not renormalised (they add to less than one)",
+     ('the weights are the chosen probabilities renormalised to add to one',), '''
+def top_k_route(logits, k):
+    import math
+    if not 1 <= k <= len(logits):
+        raise ValueError(f"k={k} must be in [1, E]")
+    z = sum(math.exp(x) for x in logits)
+    probs = [math.exp(x) / z for x in logits]
+    chosen = sorted(range(len(logits)), key=lambda e: (-probs[e], e))[:k]
+    return [(e, probs[e]) for e in chosen]
+'''),
+    ("11_moe", "q1", "only k > E refused: k = 0 and negative k slip through",
+     ('a k outside [1, n_experts] raises ValueError naming k',), '''
+def top_k_route(logits, k):
+    import math
+    if k > len(logits):
+        raise ValueError(f"k={k} must not exceed E")
+    z = sum(math.exp(x) for x in logits)
+    probs = [math.exp(x) / z for x in logits]
+    chosen = sorted(range(len(logits)), key=lambda e: (-probs[e], e))[:k]
+    kept = sum(probs[e] for e in chosen)
+    return [(e, probs[e] / kept) for e in chosen]
+'''),
+    ("11_moe", "q2", "capacity rounded down (floor): a balanced batch at cf = 1 drops a row an expert",
+     ('C = ceil(cf N k / E), rounded up',), '''
+def expert_capacity(tokens, n_experts, experts_per_token, capacity_factor):
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor={capacity_factor} must be above 0")
+    return int(capacity_factor * tokens * experts_per_token / n_experts)
+'''),
+    ("11_moe", "q2", "cf N k / E not rounded at all (a float)",
+     ('C = ceil(cf N k / E), rounded up', 'the capacity is an int'), '''
+def expert_capacity(tokens, n_experts, experts_per_token, capacity_factor):
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor={capacity_factor} must be above 0")
+    return capacity_factor * tokens * experts_per_token / n_experts
+'''),
+    ("11_moe", "q3", "reduced over the ep group (ranks holding different experts), not the replicas",
+     ('each rank sums over the ranks holding the same experts (rank % ep_size equal)',
+      'the sum is divided by dp_size, the number of data-parallel ranks'), '''
+def reduce_expert_grads(grads, ep_size):
+    dp = len(grads)
+    if ep_size < 1 or dp % ep_size:
+        raise ValueError(f"ep_size={ep_size} must divide {dp}")
+    return [sum(grads[s] for s in range(dp) if s // ep_size == r // ep_size) / dp for r in range(dp)]
+'''),
+    ("11_moe", "q3", "averaged over the replicas (divided by dp / ep, not dp): ep times too large",
+     ('the sum is divided by dp_size, the number of data-parallel ranks',), '''
+def reduce_expert_grads(grads, ep_size):
+    dp = len(grads)
+    if ep_size < 1 or dp % ep_size:
+        raise ValueError(f"ep_size={ep_size} must divide {dp}")
+    return [sum(grads[s] for s in range(dp) if s % ep_size == r % ep_size) / (dp // ep_size) for r in range(dp)]
+'''),
+    ("11_moe", "q3", "averaged over every data-parallel rank, as a dense gradient is",
+     ('each rank sums over the ranks holding the same experts (rank % ep_size equal)',
+      'the sum is divided by dp_size, the number of data-parallel ranks'), '''
+def reduce_expert_grads(grads, ep_size):
+    dp = len(grads)
+    if ep_size < 1 or dp % ep_size:
+        raise ValueError(f"ep_size={ep_size} must divide {dp}")
+    return [sum(grads) / dp] * dp
+'''),
+    ("11_moe", "q4", "active and total confused (returned in the other order)",
+     ('total counts every expert of every MoE layer, the routers and the other parameters',
+      'active counts k experts a MoE layer, with the routers and the other parameters in full'), '''
+def moe_param_counts(other_params, n_moe_layers, d_model, d_expert, n_experts, experts_per_token):
+    if not 1 <= experts_per_token <= n_experts:
+        raise ValueError(f"experts_per_token={experts_per_token} must be in [1, n_experts]")
+    router, expert = d_model * n_experts, 3 * d_model * d_expert
+    total = other_params + n_moe_layers * (router + n_experts * expert)
+    active = other_params + n_moe_layers * (router + experts_per_token * expert)
+    return active, total
+'''),
+    ("11_moe", "q4", "active as k / E of the total: the shared parameters scaled down too",
+     ('active counts k experts a MoE layer, with the routers and the other parameters in full',), '''
+def moe_param_counts(other_params, n_moe_layers, d_model, d_expert, n_experts, experts_per_token):
+    if not 1 <= experts_per_token <= n_experts:
+        raise ValueError(f"experts_per_token={experts_per_token} must be in [1, n_experts]")
+    total = other_params + n_moe_layers * (d_model * n_experts + n_experts * 3 * d_model * d_expert)
+    return total, total * experts_per_token // n_experts
+'''),
     ("09_planning", "q1", "the fp32 master weights forgotten (8 bytes of optimizer state, not 12)",
      ('the smallest N_d whose bytes per GPU fit, or None', 'a trillion parameters on 80 GB GPUs, without trying every N_d'), '''
 def min_dp_size(n_params, gpu_bytes, zero_stage, activation_bytes=0):

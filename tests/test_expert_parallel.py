@@ -158,3 +158,26 @@ def test_all_to_all_refuses_splits_that_do_not_cover_the_rows():
 
     with pytest.raises(ValueError, match=r"x has 3 rows but send=\[1, 1\] sums to 2"):
         all_to_all(torch.zeros(3, 2), [1, 1], [1, 1])
+
+
+def test_the_benchmark_counts_what_its_ranks_ran():
+    """scripts/bench_expert_parallel.py's rank function on 2 ranks: skewed routing makes the first
+    rank's experts compute every row the group dispatched (and the other's none), balanced routing
+    shares them out; the all-to-all bytes equal the formula; ep = 1 exchanges nothing."""
+    from labkit.model import GPTConfig
+    from labkit.runs.expert_parallel import ep_bench_rank
+
+    cfg = GPTConfig(**{**CONFIGS["mixtral"][0].to_dict(), "n_layer": 1})
+    out = launch(ep_bench_rank, 2, cfg, (1, 2), 2, 1, backend="gloo", timeout_s=120, join_timeout_s=600)
+    for routing in ("balanced", "skewed"):
+        ep1, ep2 = ([r[(ep, routing)] for r in out] for ep in (1, 2))
+        assert all(r["all_to_all"] == 0 and r["computed"] == sum(r["rows"]) for r in ep1)
+        sent = [sum(r["rows"]) for r in ep2]
+        computed = [r["computed"] for r in ep2]
+        assert sum(computed) == sum(sent)  # dropless: every dispatched row runs once
+        if routing == "skewed":
+            assert computed == [sum(sent), 0]
+        expected = 2 * sum(all_to_all_bytes(sum(r["rows"][i] for r in ep2), cfg.d_model, cfg.n_experts, 2, 4)
+                           for i in range(cfg.n_layer))
+        assert sum(r["all_to_all"] for r in ep2) == expected
+

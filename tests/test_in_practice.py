@@ -1,6 +1,6 @@
 """Every technique chapter's "In practice" section, in both editions, checked by the engines.
 
-Each chapter from 2 to 8 and 10 has a section "In practice" before "What the lab measured", and
+Each chapter from 2 to 8, 10 and 11 has a section "In practice" before "What the lab measured", and
 its Chinese twin a translated heading. Every code block of those sections is checked by what it
 configures: a ds_config (```json) by DeepSpeed 0.19.8's ``DeepSpeedConfig`` over 8 data-parallel
 ranks; a Megatron-LM command line by megatron-core 0.16.1's config fields (flag names: Megatron-LM's
@@ -22,7 +22,7 @@ from test_export import _ask
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ["02_zero", "03_checkpointing", "04_accumulation", "05_tensor_parallel", "06_pipeline",
-            "07_flash_attention", "08_paged_attention", "10_context_parallel"]
+            "07_flash_attention", "08_paged_attention", "10_context_parallel", "11_moe"]
 HEADING, NEXT = "## In practice", "## What the lab measured"
 MEGATRON, TITAN, VLLM = "torchrun ... pretrain_gpt.py \\", "torchrun ... -m torchtitan.train \\", "vllm serve "
 # `vllm serve` options of the engine-arguments page of vLLM 0.8.5 (references.bib: vllmengineargs)
