@@ -24,6 +24,7 @@ from .data import check_ids, check_targets
 from .attention import causal_mask
 from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_norm
 from .layers import repeat_kv
+from .moe.analytic import training_step_flops
 from .moe.layer import MoE, check_moe_config, moe_layers
 from .validate import ArgumentError, check_float
 
@@ -280,6 +281,7 @@ def training_flops(cfg: GPTConfig, global_batch: int, recompute: bool = False) -
     72 B s L h² (1 + s/(6h) + V/(12 L h)), or 96 B s L h² (1 + s/(6h) + V/(16 L h)) recomputing.
     Other blocks: 2 B s per weight of the layer's matmuls in place of 24 B s h² (GQA's smaller
     k and v, SwiGLU's three d_ff matrices); a sliding window's skipped scores are still counted.
+    A MoE layer: its router, k experts and shared experts a token (dropless; ``labkit.moe.analytic``).
     """
     _check_config(cfg)
-    return cfg.step_flops(global_batch, recompute)  # the formula, torch-free, in labkit.shapes
+    return training_step_flops(cfg, global_batch, recompute)  # the formula, torch-free, in labkit.moe
