@@ -7,13 +7,13 @@ a step from ``labkit.shapes``, which interleavings run and their schedule from
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 from ..context_parallel.analytic import check_cp_seq_len
 from ..estimate import training_memory
 from ..expert_parallel.analytic import check_ep_size
 from ..moe.analytic import training_step_flops
+from ..parallel.dims import ParallelDims
 from ..pipeline.analytic import default_schedule, interleave_allowed
 from ..validate import check_int
 
@@ -73,9 +73,17 @@ def ep_degrees(shape, dp: int, expert_parallel=None) -> tuple[int, ...]:
     """The expert-parallel degrees the planner weighs on ``dp`` data-parallel ranks: those of
     ``expert_parallel`` (None: every degree) that divide both dp and the routed experts E
     (``ParallelDims``: ep divides dp; ``check_ep_size``: ep divides E). A dense model: (1,)."""
-    if expert_parallel is None:
-        return tuple(ep for ep in _divisors(math.gcd(dp, shape.n_experts or 1)))
-    return tuple(ep for ep in check_ep_degrees(shape, expert_parallel) if dp % ep == 0)
+    degrees = _divisors(shape.n_experts or 1) if expert_parallel is None else check_ep_degrees(shape, expert_parallel)
+    return tuple(ep for ep in degrees if _ep_fits(dp, ep))
+
+
+def _ep_fits(dp: int, ep: int) -> bool:
+    """Whether ``ParallelDims`` takes ep inside dp (its rule: ep divides dp_size)."""
+    try:
+        ParallelDims(dp_size=dp, ep_size=ep)
+    except ValueError:
+        return False
+    return True
 
 
 def check_ep_degrees(shape, expert_parallel) -> tuple[int, ...]:
