@@ -96,22 +96,20 @@ def rank_params(shape, tp_size: int, pp_size: int, stage: int, v: int, ep_size: 
         return n, 0
     moe = sum(1 for start, stop in shape.stage_ranges(pp_size, stage, v)
               for i in range(start, stop) if shape.is_moe_layer(i))
-    routed = moe * shape.n_experts * shape.expert_params(tp_size)
-    buffer = moe * shape.n_experts if shape.router_bias else 0
     local = moe * experts_per_rank(shape.n_experts, ep_size) * shape.expert_params(tp_size)
-    return n - routed - buffer, local
+    return n - moe * _not_trained(shape, tp_size, ep_size) - local, local
+
+
+def _not_trained(shape, tp_size: int, ep_size: int) -> int:
+    """Elements of one MoE layer a rank does not train: the other ranks' experts, the bias buffer."""
+    E = shape.n_experts
+    return (E - experts_per_rank(E, ep_size)) * shape.expert_params(tp_size) + (E if shape.router_bias else 0)
 
 
 def rank_layer_params(shape, tp_size: int, ep_size: int) -> int:
     """The parameters of a rank's largest layer: a dense one, or a MoE one with its E / ep experts."""
-    sizes = set()
-    for i in range(shape.n_layer):
-        n = shape.layer_params(tp_size, i)
-        if shape.is_moe_layer(i):
-            E = shape.n_experts
-            n -= (E - experts_per_rank(E, ep_size)) * shape.expert_params(tp_size) + (E if shape.router_bias else 0)
-        sizes.add(n)
-    return max(sizes)
+    return max(shape.layer_params(tp_size, i) - (_not_trained(shape, tp_size, ep_size) if shape.is_moe_layer(i) else 0)
+               for i in range(shape.n_layer))
 
 
 def rank_model_states(shape, run, stage: int, policy: str):
