@@ -22,6 +22,7 @@ from .attention import causal_mask
 from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make_norm
 from .layers import repeat_kv
 from .mla import MultiHeadLatentAttention, check_mla_config
+from .moe.analytic import training_step_flops
 from .moe.layer import MoE, check_moe_config, moe_layers
 from .validate import ArgumentError, check_float
 
@@ -293,8 +294,8 @@ def training_flops(cfg: GPTConfig, global_batch: int, recompute: bool = False) -
     Narayanan et al. (2021b), Appendix: per layer forward 24 B s h² + 4 B s² h, backward twice
     that, full recomputation one more forward; the logit layer 2 B s h V forward, 4 B s h V back:
     72 B s L h² (1 + s/(6h) + V/(12 L h)), or 96 B s L h² (1 + s/(6h) + V/(16 L h)) recomputing.
-    Other blocks: 2 B s per weight of the layer's matmuls in place of 24 B s h² (GQA's smaller
-    k and v, SwiGLU's three d_ff matrices); a sliding window's skipped scores are still counted.
-    """
+    Other blocks: 2 B s per weight of the layer's matmuls in place of 24 B s h² (GQA's smaller k and v,
+    SwiGLU's three d_ff matrices; a sliding window's skipped scores still counted); a MoE layer: its
+    router, k experts and shared experts a token (dropless). The formula: ``labkit.moe.analytic``."""
     _check_config(cfg)
-    return cfg.step_flops(global_batch, recompute)  # the formula, torch-free, in labkit.shapes
+    return training_step_flops(cfg, global_batch, recompute)

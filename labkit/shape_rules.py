@@ -37,21 +37,28 @@ class ShapeProperties:
         """The MLP's inner width: ``d_ff``, or 4 h for GPT-2's block."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
-    def step_flops(self, global_batch: int, recompute: bool = False) -> int:
+    def step_flops(self, global_batch: int, recompute: bool = False, *, moe_layers: int = 0,
+                   moe_token_flops: int = 0) -> int:
         """Matmul FLOPs of one training step on ``global_batch`` sequences of seq_len (Narayanan et
         al. 2021b, Appendix, with the head size a config gives; ``labkit.model.training_flops``
-        documents the count and its checks). Dense attention and MLPs only: experts and MLA refused."""
-        for name, what in (("n_experts", "a mixture of experts"), ("kv_lora_rank", "MLA")):
-            if getattr(self, name, 0):
-                raise ValueError(f"{name}={getattr(self, name)}: step_flops does not model {what} yet")
+        documents the count and its checks). With experts, ``moe_layers`` of the layers run
+        ``moe_token_flops`` a token in their MLP's place (``labkit.moe.analytic.training_step_flops``
+        passes them). MLA is refused."""
+        if getattr(self, "kv_lora_rank", 0):
+            raise ValueError(f"kv_lora_rank={self.kv_lora_rank}: step_flops does not model MLA yet")
+        if getattr(self, "n_experts", 0) and not moe_token_flops:
+            raise ValueError(f"n_experts={self.n_experts}: give moe_layers and moe_token_flops "
+                             "(labkit.moe.analytic.training_step_flops counts a mixture of experts)")
         check_int("global_batch", global_batch, 1)
         check_bool("recompute", recompute)
+        moe = check_int("moe_layers", moe_layers, 0, self.n_layer)
         B, s, h, L, V = global_batch, self.seq_len, self.d_model, self.n_layer, self.vocab_size
         ahd = self.n_head * self.head_dim  # h, unless the config gives a head size
         weights = (2 * ahd + 2 * self.kv_heads * self.head_dim) * h  # W_q, W_o; W_k, W_v
-        weights += (3 if self.mlp in GATED else 2) * h * self.ffn_dim  # 8 h² for GPT-2's MLP
-        layer_forward = 2 * B * s * weights + 4 * B * s * s * ahd
-        return (4 if recompute else 3) * L * layer_forward + 6 * B * s * h * V
+        mlp = (3 if self.mlp in GATED else 2) * h * self.ffn_dim  # 8 h² for GPT-2's MLP
+        forward = L * (2 * B * s * weights + 4 * B * s * s * ahd) + (L - moe) * 2 * B * s * mlp
+        forward += moe * B * s * moe_token_flops
+        return (4 if recompute else 3) * forward + 6 * B * s * h * V
 
     def stage_ranges(self, pp_size: int = 1, stage: int = 0, v: int = 1) -> list[tuple[int, int]]:
         """The layer ranges [start, stop) rank ``stage`` of ``pp_size`` holds: its v chunks, chunk

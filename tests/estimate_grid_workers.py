@@ -16,18 +16,26 @@ from torch import nn
 
 from labkit.memory import MemoryMeter
 from labkit.memory.meter import optimizer_tensors
+from labkit.expert_parallel import exchange_counts
 from labkit.model import GPTConfig, build_model
+from labkit.moe import moe_layers
 from labkit.parallel import ParallelDims, parallelize_gpt
 from labkit.pipeline import run_schedule
 from labkit.runs.pipeline import make_batch
 
-# the two families, tiny: GPT-2's block (LayerNorm, GELU, learned positions, tied embeddings) and
-# the Llama block with grouped-query attention (RMSNorm, SwiGLU, rotary, untied, no biases)
+# the families, tiny: GPT-2's block (LayerNorm, GELU, learned positions, tied embeddings), the
+# Llama block with grouped-query attention (RMSNorm, SwiGLU, rotary, untied, no biases), and two
+# mixtures of experts on it: Mixtral's (every layer, softmax top-2 of 4) and DeepSeek's (the first
+# layer dense, a shared expert, sigmoid scores with a selection bias, scaled weights)
 FAMILIES = {
     "gpt2": dict(n_layer=4, d_model=32, n_head=4, vocab_size=64, seq_len=16),
     "llama-gqa": dict(n_layer=4, d_model=32, n_head=4, n_kv_head=2, d_ff=48, vocab_size=64, seq_len=16,
                       norm="rmsnorm", mlp="swiglu", pos="rope", tie_embeddings=False, bias=False),
 }
+FAMILIES["mixtral"] = dict(FAMILIES["llama-gqa"], n_experts=4, experts_per_token=2, d_expert=24)
+FAMILIES["deepseek"] = dict(FAMILIES["llama-gqa"], n_experts=4, experts_per_token=2, d_expert=16, n_shared_experts=1,
+                            first_dense_layers=1, router_score="sigmoid", router_bias=True, routed_scaling_factor=2.5)
+FAMILIES["mixtral-capacity"] = dict(FAMILIES["mixtral"], capacity_factor=1.0)  # tokens beyond C = ceil(N k / E) dropped
 # labkit.estimate's precisions a plain torch optimizer runs: everything in one dtype
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -41,7 +49,7 @@ class _Held(nn.Module):
         super().__init__()
         params = pm.parameters()
         seen = {id(p) for p in params}
-        slices = [s for *_, s in optimizer.shard_entries()] if hasattr(optimizer, "shard_entries") else []
+        slices = [s for opt in _parts(optimizer) if hasattr(opt, "shard_entries") for *_, s in opt.shard_entries()]
         self.held = nn.ParameterList(params + [s for s in slices if id(s) not in seen])
 
 
@@ -52,14 +60,19 @@ class _States:
         self.optimizer = optimizer
 
     def state_tensors(self):
-        return optimizer_tensors(self.optimizer)
+        return [t for opt in _parts(self.optimizer) for t in optimizer_tensors(opt)]
+
+
+def _parts(optimizer) -> list:
+    """The optimizers a rank steps: ZeRO-1 with sharded experts runs two (the rest's, the experts')."""
+    return [optimizer.dense, optimizer.experts] if hasattr(optimizer, "experts") else [optimizer]
 
 
 def step_counter_bytes(optimizer) -> int:
     """Bytes of torch Adam's ``step`` counters (a 4-byte tensor per parameter tensor it steps;
     ZeRO-1/2: per flat shard): on a GPU they stay on the host, and the estimator leaves them out."""
-    inner = getattr(optimizer, "inner", optimizer)
-    return sum(s["step"].untyped_storage().nbytes() for s in inner.state.values() if "step" in s)
+    inners = [getattr(opt, "inner", opt) for opt in _parts(optimizer)]
+    return sum(s["step"].untyped_storage().nbytes() for inner in inners for s in inner.state.values() if "step" in s)
 
 
 def _chunk_activations(pm, x, y) -> int:
@@ -110,6 +123,34 @@ def _local_activations(pm, x, y) -> int:
     return meter.report().activations
 
 
+class _Counted:
+    """A MoE layer's exchange that records the rows its experts run on this rank (over ranks, the
+    rows other ranks route here: data-dependent), then exchanges as before."""
+
+    def __init__(self, exchange):
+        self.exchange, self.received = exchange, []
+
+    def __call__(self, rows, counts, experts):
+        if hasattr(self.exchange, "group"):
+            ep = self.exchange.ep
+            self.received.append(int(exchange_counts(counts, self.exchange.group).view(ep, -1).sum()))
+        else:
+            self.received.append(rows.size(0))
+        return self.exchange(rows, counts, experts)
+
+
+def _moe_rows(pm, x, y) -> list:
+    """(rows dispatched, rows received) of each MoE layer in one forward of this rank."""
+    layers = moe_layers(pm.model)
+    for layer in layers:
+        layer.exchange = _Counted(layer.exchange)
+    pm.model(x, y).backward()
+    rows = [(layer.kept, layer.exchange.received[-1]) for layer in layers]
+    for layer in layers:
+        layer.exchange = layer.exchange.exchange
+    return rows
+
+
 def measure_case(family, degrees, kwargs, global_batch=8, seed=0) -> dict:
     """One case on this rank (``kwargs``: parallelize_gpt's, and ``precision``, "fp32" or "bf16"):
     the meter's params, grads, optimizer (max over the step), the activations it kept, Adam's
@@ -137,10 +178,11 @@ def measure_case(family, degrees, kwargs, global_batch=8, seed=0) -> dict:
             opt.zero_grad(set_to_none=True)
     states = meter.report().max_by_category
     acts = _pipeline_activations(pm, x, y) if pp > 1 else _local_activations(pm, x, y)
+    rows = _moe_rows(pm, x, y) if cfg.n_experts and pp == 1 else []
     opt.zero_grad(set_to_none=True)
     return {"params": states["parameters"], "grads": states["gradients"], "optimizer": states["optimizer"],
             "activations": acts, "step_counters": step_counter_bytes(opt), "stage": pm.coords.pp,
-            "micro_batch": x.shape[0] // pm.num_microbatches}
+            "micro_batch": x.shape[0] // pm.num_microbatches, "moe_rows": rows}
 
 
 def grid_rank(rank, world_size, cases, global_batch=8, seed=0) -> list[dict]:

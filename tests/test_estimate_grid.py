@@ -32,6 +32,14 @@ compared: the estimate counts labkit's eager attention core, and the ring keeps 
 this grid's five cases the meter read from 7.4% below the estimate (GPT-2's block, selective
 recomputation) to 3.8% above it (the Llama block, none), the same with attention="flash".
 
+Experts (labkit.moe, a Mixtral-style and a DeepSeek-style block, one with a capacity factor), in
+one process and on the 4-rank launch with ep = 2 and 4 over dp = 4, ZeRO-0 and ZeRO-1: model
+states to the byte on every rank (experts' optimizer states over the dp / ep ranks holding them).
+Activations to the byte given the rows that ran: which rows a rank's MoE layer keeps (under a
+capacity) and which its experts receive from the ep group depend on the routing, so the worker
+counts them and the comparison replaces the estimate's balanced rows with them
+(``labkit.estimate.experts.moe_layer_bytes``); everything else is the estimate's own.
+
 The estimate's ``transient`` (logits, a gathered ZeRO-3 unit, a recomputed layer) is a peak
 above these and is not compared here.
 """
@@ -42,11 +50,17 @@ from types import SimpleNamespace
 
 import pytest
 
+import torch
+
 from labkit.dist import launch
 from labkit.estimate import ModelShape, training_memory
+from labkit.estimate.experts import moe_layer_bytes
+from labkit.memory import measure_forward_backward, measure_step
 from labkit.memory.analytic import activation_bytes
-from labkit.model import GPTConfig
-from estimate_grid_workers import FAMILIES, grid_rank
+from labkit.model import GPTConfig, build_model
+from labkit.moe import moe_layers
+from labkit.runs.pipeline import make_batch
+from estimate_grid_workers import DTYPES, FAMILIES, grid_rank
 
 # Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
 # worker that picked one up would launch them again.
@@ -84,6 +98,11 @@ CASES_4 = [  # and on 4 ranks, in a second launch
     ("llama-gqa", (2, 1, 1, 2), dict(zero_stage=1)),
     ("gpt2", (1, 2, 1, 2), dict(zero_stage=1, sequence_parallel=True, checkpoint="full")),
     ("llama-gqa", (1, 1, 2, 2), dict(zero_stage=1, checkpoint="full", num_microbatches=2)),
+    # experts: (dp, tp, pp, cp, ep); ep = 2: two ep groups of 2 ranks, each expert on 2 replicas
+    ("mixtral", (4, 1, 1, 1, 2), dict()),
+    ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=1)),
+    ("mixtral-capacity", (4, 1, 1, 1, 4), dict(zero_stage=1)),
+    ("deepseek", (4, 1, 1), dict(zero_stage=1)),
 ]
 SIZES = [8] * len(CASES) + [4] * len(CASES_4)
 CASES = CASES + CASES_4
@@ -111,15 +130,16 @@ def ranks(runs, i):
 
 def estimate(case, stage=None):
     """The estimator's answer for a case: AdamW, everything in fp32 (or bf16, the case's ``precision``)."""
-    family, (dp, tp, pp, *cp), kw = case
+    family, (dp, tp, pp, *cp_ep), kw = case
     m = kw.get("num_microbatches", 1)
-    dims = SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp, cp_size=cp[0] if cp else 1)
+    cp, ep = (list(cp_ep) + [1, 1])[:2]
+    dims = SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp, cp_size=cp, ep_size=ep)
     return training_memory(ModelShape.from_config(GPTConfig(**FAMILIES[family])), seq_len=FAMILIES[family]["seq_len"],
                            micro_batch=GLOBAL_BATCH // dp // m, dims=dims,
                            zero_stage=kw.get("zero_stage", 0), recompute=kw.get("checkpoint", "none"),
                            sequence_parallel=kw.get("sequence_parallel", False), num_microbatches=m,
                            schedule=kw.get("schedule", "1f1b"), precision=kw.get("precision", "fp32"),
-                           optimizer="adamw", stage=stage)
+                           optimizer="adamw", capacity_factor=FAMILIES[family].get("capacity_factor"), stage=stage)
 
 
 def activations_exact(case) -> bool:
@@ -127,7 +147,7 @@ def activations_exact(case) -> bool:
     family, degrees, kw = case
     if len(degrees) > 3 and degrees[3] > 1:  # context parallelism: model states only
         return False
-    return family == "llama-gqa" or (kw.get("checkpoint") == "full" and kw.get("precision", "fp32") == "fp32")
+    return family != "gpt2" or (kw.get("checkpoint") == "full" and kw.get("precision", "fp32") == "fp32")
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
@@ -149,12 +169,41 @@ def test_activations_per_rank_equal_the_meter_where_it_is_exact_on_the_cpu(runs,
     family, (dp, *_), kw = CASES[i]
     for rank, got in enumerate(ranks(runs, i)):
         if activations_exact(CASES[i]):
-            want = estimate(CASES[i], stage=got["stage"]).activations
+            want = estimate(CASES[i], stage=got["stage"]).activations + routed_difference(CASES[i], got["moe_rows"])
         else:
             e = 2 if kw.get("precision") == "bf16" else 4  # labkit's count, with the CPU's conventions
             want = activation_bytes(GPTConfig(**FAMILIES[family]), GLOBAL_BATCH // dp, dtype_bytes=e,
                                     device_type="cpu").total
         assert got["activations"] == want, (rank, got["activations"], want)
+
+
+def routed_difference(case, moe_rows) -> int:
+    """What a rank's MoE layers kept beyond the estimate's balanced count: the estimate takes the
+    rows a layer dispatches at their bound (N k dropless, at most E C under a capacity) and its
+    experts' rows as many (routing balanced over the ep ranks); the rows that ran (``moe_rows``,
+    counted by the worker) depend on the routing. 0 for a model without experts."""
+    family, (dp, *rest), kw = case
+    cfg, ep = GPTConfig(**FAMILIES[family]), (list(rest) + [1, 1, 1, 1])[3]
+    if not cfg.n_experts:
+        return 0
+    shape, e = ModelShape.from_config(cfg), 2 if kw.get("precision") == "bf16" else 4
+    count = dict(dtype_bytes=e, ep_size=ep, capacity_factor=cfg.capacity_factor)
+    mb = GLOBAL_BATCH // dp // kw.get("num_microbatches", 1)
+    balanced = sum(moe_layer_bytes(shape, cfg.seq_len, mb, **count).values())
+    return sum(sum(moe_layer_bytes(shape, cfg.seq_len, mb, sent_rows=sent, received_rows=received, **count).values())
+               - balanced for sent, received in moe_rows)
+
+
+def test_the_experts_rows_add_up_over_the_ranks(runs):
+    """The all-to-all moves every dispatched row to one rank's experts: over an ep group, rows received
+    equal rows sent, layer by layer (the routing test of the EP cases' activation counts)."""
+    for i, (family, degrees, kw) in enumerate(CASES):
+        if len(degrees) == 5:
+            ep, got = degrees[4], ranks(runs, i)
+            for group in range(len(got) // ep):
+                rows = [r["moe_rows"] for r in got[group * ep:(group + 1) * ep]]
+                for layer in range(len(rows[0])):
+                    assert sum(r[layer][0] for r in rows) == sum(r[layer][1] for r in rows), (i, group, layer)
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
@@ -163,3 +212,24 @@ def test_the_estimate_is_the_most_loaded_stage_of_those_the_ranks_hold(runs, i):
     assert est == estimate(CASES[i], stage=est.stage)
     stages = {got["stage"] for got in ranks(runs, i)}
     assert est.stage in stages and est.total == max(estimate(CASES[i], stage=s).total for s in stages)
+
+
+# --- experts in one process: no launch ------------------------------------------------------------
+
+@pytest.mark.parametrize("family, precision", [("mixtral", "fp32"), ("deepseek", "bf16"), ("mixtral-capacity", "fp32")])
+def test_experts_in_one_process_equal_the_meter_to_the_byte(family, precision):
+    # Model states exact (the selection bias is a buffer: no gradient, no optimizer state, not
+    # counted); activations exact for the rows that ran: all N k dropless, the kept ones under a
+    # capacity (data-dependent, so counted from the layer after the forward)
+    cfg, dtype = GPTConfig(**FAMILIES[family]), DTYPES[precision]
+    torch.manual_seed(0)
+    model = build_model(cfg, dtype=dtype)
+    batch = make_batch(cfg, GLOBAL_BATCH, 0)  # one process: the micro-batch is the global batch
+    est = estimate((family, (1, 1, 1), dict(precision=precision)))
+    got = measure_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batch).max_by_category
+    assert (got["parameters"], got["gradients"]) == (est.params, est.grads)
+    assert got["optimizer"] == est.optimizer + 4 * len(list(model.parameters()))  # Adam's `step`s, on the CPU
+    activations = measure_forward_backward(model, batch).activations
+    rows = [(layer.kept, layer.kept) for layer in moe_layers(model)]
+    assert len(rows) == sum(ModelShape.from_config(cfg).is_moe_layer(i) for i in range(cfg.n_layer))
+    assert activations == est.activations + routed_difference((family, (1, 1, 1), dict(precision=precision)), rows)

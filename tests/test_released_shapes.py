@@ -190,7 +190,7 @@ def test_serving_counts_every_expert_and_mla_cache():
 
 
 @pytest.mark.parametrize("name, words", [
-    ("deepseek-v3", ["experts", "MLA"]), ("mixtral-8x7b", ["experts"]), ("qwen3-32b", ["head size", "qk-norm"]),
+    ("deepseek-v3", ["MLA"]), ("qwen3-32b", ["head size", "qk-norm"]), ("gpt-oss-20b", ["expert biases"]),
 ])
 def test_training_refuses_what_it_does_not_model_by_name(name, words):
     for call in (lambda: plan_training(name, gpu="h100-sxm", num_gpus=8, seq_len=4096, global_batch=8),
@@ -198,8 +198,8 @@ def test_training_refuses_what_it_does_not_model_by_name(name, words):
         with pytest.raises(ValueError) as err:
             call()
         assert all(w in str(err.value) for w in words), str(err.value)
-    with pytest.raises(ValueError, match="n_experts"):
-        preset("mixtral-8x7b").step_flops(1)
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        preset("deepseek-v3").step_flops(1)
     assert training_memory("qwen2.5-7b", seq_len=64, micro_batch=1).params > 0  # q/k/v biases: modelled
 
 

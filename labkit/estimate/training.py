@@ -4,7 +4,8 @@
 and pipeline split), ZeRO's model-state bytes (``labkit.zero.analytic``), activations per layer
 (Korthikanti et al. 2022 for GPT-2's block, ``labkit.memory.analytic.korthikanti_activation_bytes``;
 the Llama block's terms, ``llama_layer_bytes``), and the pipeline's micro-batches in flight
-(``labkit.pipeline.analytic.max_in_flight``). It writes no formula of its own beyond adding them.
+(``labkit.pipeline.analytic.max_in_flight``); a MoE block's, :mod:`.experts`. It writes no formula
+of its own beyond adding them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ..pipeline.schedules import make_schedule, peak_layers_in_flight
 from ..shapes import ModelShape, preset
 from ..validate import ArgumentError, check_bool, check_choice, check_int
 from ..zero.analytic import STAGES
-from ..zero.analytic import zero_model_state_bytes as _zero_states
+from .experts import (DENSE_MLP, check_experts_trainable, moe_layer_bytes, rank_layer_params, rank_params,
+                      rank_model_states, zero_model_state_bytes)
 from .report import breakdown
 
 __all__ = ["MemoryEstimate", "training_memory", "layer_activation_bytes", "PRECISIONS", "OPTIMIZERS", "as_shape",
@@ -34,7 +36,9 @@ PRECISIONS = {"bf16-mixed": ("mixed", 2), "fp16-mixed": ("mixed", 2),
 OPTIMIZERS = ("adamw", "adam", "sgd_momentum", "sgd")
 # What the activation count models of the features beyond labkit's block (ModelShape.features):
 # biases and windows leave the tensors a layer keeps unchanged. Any other is refused by name.
-TRAINING_MODELS = ("q/k/v biases", "output bias", "per-layer windows", "chunked attention")
+TRAINING_MODELS = ("q/k/v biases", "output bias", "per-layer windows", "chunked attention", "experts")
+# What labkit's MoE block (labkit.moe.MoE) does not have, by name: refused
+_UNMODELLED_EXPERTS = (("shared-expert gate", "shared_gate"), ("expert biases", "expert_bias"))
 
 
 @dataclass(frozen=True)
@@ -82,30 +86,31 @@ def as_shape(shape) -> ModelShape:
 
 def check_trainable(shape: ModelShape) -> ModelShape:
     """``shape`` if the training estimate models every feature it has, else a ValueError naming
-    those it does not (experts, MLA, a head size not d_model / n_head, extra norms, ...): the
-    activations it counts are those of labkit's block, and a mixture of experts needs its own."""
+    those it does not (MLA, a head size not d_model / n_head, extra norms, a shared expert's gate,
+    ...): the activations it counts are those of labkit's block and its MoE block."""
     missing = [f for f in shape.features() if f not in TRAINING_MODELS]
+    missing += [name for name, field in _UNMODELLED_EXPERTS if getattr(shape, field)]
     if missing:
-        moe = "; a mixture of experts needs an expert-parallel axis (ep), not there yet" if "experts" in missing else ""
         raise ArgumentError(f"training estimates do not model {missing} yet (modelled: labkit's block, with "
-                            f"{list(TRAINING_MODELS)}){moe}", "untrainable", missing=missing)
+                            f"{list(TRAINING_MODELS)})", "untrainable", missing=missing)
     return shape
 
 
-def _degrees(dims) -> tuple[int, int, int, int]:
-    """(dp, tp, pp, cp) of any object with dp_size, tp_size, pp_size, cp_size (missing ones: 1)."""
-    if dims is None:
-        return 1, 1, 1, 1
-    return tuple(check_int(f"dims.{n}", getattr(dims, n, 1), 1) for n in ("dp_size", "tp_size", "pp_size", "cp_size"))
+def _degrees(dims) -> tuple[int, int, int, int, int]:
+    """(dp, tp, pp, cp, ep) of any object with dp_size, tp_size, pp_size, cp_size, ep_size (missing: 1)."""
+    names = ("dp_size", "tp_size", "pp_size", "cp_size", "ep_size")
+    return (1,) * 5 if dims is None else tuple(check_int(f"dims.{n}", getattr(dims, n, 1), 1) for n in names)
 
 
 def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp_size: int, *,
                            sequence_parallel: bool, recompute: str, dtype_bytes: int,
-                           attention: str = "eager", kernels: str = "labkit") -> int:
+                           attention: str = "eager", kernels: str = "labkit", moe: bool = False,
+                           ep_size: int = 1, capacity_factor: float | None = None) -> int:
     """Bytes one layer keeps per micro-batch per rank: Korthikanti's for GPT-2's block (16-bit
     activations, 1-byte dropout masks: Megatron's kernels), the Llama block's terms otherwise,
     labkit's or under fused kernels (``kernels``); ``attention="flash"``: no scores, a fp32
-    log-sum-exp per row and head instead."""
+    log-sum-exp per row and head instead. ``moe``: a MoE layer, its MLP's terms
+    :func:`labkit.estimate.experts.moe_layer_bytes`' (``ep_size``, ``capacity_factor``)."""
     if shape.norm == "layernorm" and shape.mlp == "gelu":
         e = dtype_bytes / 2  # Korthikanti's formula counts 2-byte activations
         flash = attention == "flash" and recompute == "none"
@@ -114,16 +119,21 @@ def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp
         lse = lse_bytes(seq_len, micro_batch, shape.n_head // tp_size) if attention == "flash" and recompute == "none" else 0
         return round(e * kept) + lse
     count = fused_llama_layer_bytes if kernels == "fused" else llama_layer_bytes
-    return sum(count(seq_len, micro_batch, shape.d_model, shape.n_head, shape.kv_heads, shape.ffn_dim,
-                     dtype_bytes=dtype_bytes, tp_size=tp_size, sequence_parallel=sequence_parallel,
-                     recompute=recompute, attention=attention).values())
+    terms = count(seq_len, micro_batch, shape.d_model, shape.n_head, shape.kv_heads, shape.ffn_dim,
+                  dtype_bytes=dtype_bytes, tp_size=tp_size, sequence_parallel=sequence_parallel,
+                  recompute=recompute, attention=attention)
+    if check_bool("moe", moe) and recompute != "full":  # the experts in place of the dense MLP
+        del terms[DENSE_MLP]
+        terms.update(moe_layer_bytes(shape, seq_len, micro_batch, dtype_bytes=dtype_bytes, ep_size=ep_size,
+                                     capacity_factor=capacity_factor))
+    return sum(terms.values())
 
 
 # training_memory's keyword form (before RunConfig), and its defaults: labkit's model as the meter
 # measures it, so attention="eager" here (RunConfig's default is "flash", as real runs use)
 _KNOBS = dict(seq_len=None, micro_batch=None, dims=None, zero_stage=0, recompute="none", sequence_parallel=False,
               num_microbatches=1, schedule="1f1b", v=1, precision="bf16-mixed", optimizer="adamw",
-              offload=False, attention="eager")
+              offload=False, attention="eager", capacity_factor=None)
 
 
 def training_memory(shape, run=None, *, stage: int | None = None, **knobs) -> MemoryEstimate:
@@ -133,13 +143,14 @@ def training_memory(shape, run=None, *, stage: int | None = None, **knobs) -> Me
     ``shape``: a ``ModelShape`` (or a preset name, a ``GPTConfig``, a config.json dict); ``run``: a
     ``labkit.parallel.RunConfig``, checked against the shape (``RunConfig.check``). Or, without
     ``run``, its keyword form: ``seq_len``, ``micro_batch`` (both required), ``dims`` (any object with
-    ``dp_size``, ``tp_size``, ``pp_size``, ``cp_size``; None: one GPU), ``zero_stage``, ``recompute``,
+    ``dp_size``, ``tp_size``, ``pp_size``, ``cp_size``, ``ep_size``; None: one GPU), ``zero_stage``, ``recompute``,
     ``sequence_parallel``, ``num_microbatches``, ``schedule`` ("1f1b"), ``v``, ``precision``,
     ``optimizer``, ``offload`` and ``attention`` ("eager": labkit's model, whose attention keeps the
     (a, s, s) scores, as the meter measures it; "flash": a fused kernel's count).
 
     ZeRO shards the model states over the dp x cp ranks that hold the same parameters; context
-    parallelism divides the sequence. Model states are exact, for one flat group per rank padded
+    parallelism divides the sequence. A mixture of experts (labkit's MoE block): ``dims.ep_size``
+    and ``capacity_factor`` (None: dropless), :mod:`labkit.estimate.experts`. Model states are exact, for one flat group per rank padded
     as ZeRO pads; torch's Adam also keeps a 4-byte step count per tensor, not counted.
     ``transient`` is an estimate (the peaks above what is kept: the logits, a layer recomputed in
     full, ZeRO-3's gathered parameters); no communication bucket (labkit's gradients are views of
@@ -147,6 +158,7 @@ def training_memory(shape, run=None, *, stage: int | None = None, **knobs) -> Me
     """
     shape = check_trainable(as_shape(shape))
     run = _as_run(run, knobs).check(shape)
+    check_experts_trainable(shape, run)
     if stage is not None:
         return _stage_estimate(shape, check_int("stage", stage, 0, run.pp_size - 1), run)
     per_stage = [_stage_estimate(shape, st, run) for st in sorted({0, run.pp_size - 1})]
@@ -169,23 +181,21 @@ def _as_run(run, knobs: dict):
     for name in ("seq_len", "micro_batch"):
         if k[name] is None:
             raise TypeError(f"training_memory needs {name}= (or a RunConfig)")
-    dp, tp, pp, cp = _degrees(k.pop("dims"))
-    return RunConfig(dp_size=dp, tp_size=tp, pp_size=pp, cp_size=cp, **k)
+    dp, tp, pp, cp, ep = _degrees(k.pop("dims"))
+    return RunConfig(dp_size=dp, tp_size=tp, pp_size=pp, cp_size=cp, ep_size=ep, **k)
 
 
 def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
     policy, e = PRECISIONS[run.precision]
     tp, pp, cp, sp, v = run.tp_size, run.pp_size, run.cp_size, run.sequence_parallel, run.v
-    n_params = shape.stage_params(tp, pp, stage, v)
-    states = zero_model_state_bytes(n_params, run.replicas, run.zero_stage, policy, run.optimizer)
+    states = rank_model_states(shape, run, stage, policy)
     s, b, t = run.seq_len // cp, run.micro_batch, tp
     layer = dict(sequence_parallel=sp, dtype_bytes=e, attention=run.attention, kernels=run.kernels)
-    kept = _layer_bytes(shape, s, b, t, run.recompute, **layer)
     # Stage `stage` holds max_in_flight micro-batches (chunks of 1/v of its layers, interleaved).
     # Under 1F1B with m >= p that is p - stage: stage 0 keeps p x L/p = L layers' worth of
     # activations whatever p is, so pipelining divides the model states but not stage 0's activations.
     in_flight = max_in_flight(pp, run.num_microbatches, run.schedule, v, stage)
-    activations = _layers_in_flight(shape, run, stage, in_flight) * kept
+    activations = _stage_layers_bytes(shape, run, stage, in_flight, s, b, layer)
     transient = _transient(shape, run, stage, s, b, e, layer, policy)
     if stage == 0:  # the embedding's position indices and, under TP, its ids and mask
         activations += in_flight * embedding_bytes(s, b, pos=shape.pos, tp_size=t)
@@ -218,10 +228,6 @@ def _peers(tp: int, cp: int, replicas: int, pp: int, ep: int) -> int:
     return ring_peers(tp) + ring_peers(cp) + ring_peers(replicas) + pipeline + ep - 1
 
 
-# A planner's sweep sizes the same layer, and the same model states, again and again: kept.
-zero_model_state_bytes = lru_cache(maxsize=8192)(_zero_states)
-
-
 @lru_cache(maxsize=8192)
 def _layer_bytes(shape, s: int, b: int, t: int, recompute: str, **layer) -> int:
     return layer_activation_bytes(shape, s, b, t, recompute=recompute, **layer)
@@ -233,14 +239,21 @@ def _outside(tp: int, cp: int, replicas: int, pp: int, ep: int) -> int:
     return non_torch_bytes(_peers(tp, cp, replicas, pp, ep))
 
 
-def _layers_in_flight(shape, run, stage: int, in_flight: int) -> int:
-    """The most layers' activations rank ``stage`` holds at once: ``in_flight`` chunk-forwards of
-    equal chunks, or, when v p does not divide n_layer, the peak over its schedule's actions."""
+def _stage_layers_bytes(shape, run, stage: int, in_flight: int, s: int, b: int, layer: dict) -> int:
+    """The most bytes of layers' activations rank ``stage`` holds at once: ``in_flight``
+    chunk-forwards of equal chunks, or, when the chunks differ (v p does not divide n_layer, or
+    dense and MoE layers mix), the peak over its schedule's actions."""
+    kept = {moe: _layer_bytes(shape, s, b, run.tp_size, run.recompute, **_moe_knobs(run, moe), **layer)
+            for moe in ((False, True) if shape.n_experts else (False,))}
     ranges = shape.stage_ranges(run.pp_size, stage, run.v)
-    sizes = [stop - start for start, stop in ranges]
-    if len(set(sizes)) == 1:
-        return in_flight * sizes[0]
-    return _peak_layers(run.schedule, run.pp_size, run.num_microbatches, run.v, stage, tuple(sizes))
+    chunks = [sum(kept[shape.is_moe_layer(i)] for i in range(start, stop)) for start, stop in ranges]
+    if len(set(chunks)) == 1:
+        return in_flight * chunks[0]
+    return _peak_layers(run.schedule, run.pp_size, run.num_microbatches, run.v, stage, tuple(chunks))
+
+
+def _moe_knobs(run, moe: bool) -> dict:
+    return dict(moe=True, ep_size=run.ep_size, capacity_factor=run.capacity_factor) if moe else {}
 
 
 @lru_cache(maxsize=4096)
@@ -262,12 +275,13 @@ def _transient(shape, run, stage: int, s: int, b: int, e: int, layer: dict, poli
     t = run.tp_size
     transient = 0
     if run.recompute == "full":  # backward recomputes one layer at a time: its activations, all kept
-        transient += _layer_bytes(shape, s, b, t, "none", **layer)
+        transient += max(_layer_bytes(shape, s, b, t, "none", **_moe_knobs(run, moe), **layer)
+                         for moe in {shape.is_moe_layer(i) for i in range(shape.n_layer)})
     if run.zero_stage == 3 and run.replicas > 1:
-        one = zero_model_state_bytes(shape.layer_params(t), 1, 0, policy, run.optimizer)
+        one = zero_model_state_bytes(rank_layer_params(shape, t, run.ep_size), 1, 0, policy, run.optimizer)
         transient += one.params + one.grads
         if not run.reshard_after_forward:  # the stage's parameters stay gathered until their backward
-            n = shape.stage_params(t, run.pp_size, stage, run.v)
+            n = sum(rank_params(shape, t, run.pp_size, stage, run.v, run.ep_size))
             full = zero_model_state_bytes(n, 1, 0, policy, run.optimizer)
             shard = zero_model_state_bytes(n, run.replicas, 3, policy, run.optimizer)
             transient += full.params - shard.params

@@ -62,7 +62,7 @@ CATALOGUE = {
     "refused.offload_composed": 'ZeRO-Offload with tensor, pipeline or context parallelism (labkit.zero.OffloadOptimizer runs over data parallelism alone)',
     "refused.offload_params": "ZeRO-3's parameter offload (offload_params)",
     "refused.reshard": 'ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)',
-    "refused.ep_composed": 'expert parallelism beyond data parallelism and ZeRO-1 (ep_size > 1 with tp, pp or cp > 1, ZeRO-2/3, recomputation or sequence parallelism)',
+    "refused.ep_composed": 'a mixture of experts beyond data and expert parallelism and ZeRO-1 (experts, or ep_size > 1, with tp, pp or cp > 1, ZeRO-2/3, recomputation or sequence parallelism)',
     "plan.no_layout": "no (t, cp, p, N_d, b) splits the GPUs and the global batch",
     "serve.no_block": "t={tp_size}: the weights leave no room for a KV block",
     "serve.too_few_blocks": "t={tp_size}: {num_blocks} blocks, fewer than one request needs",
@@ -119,6 +119,9 @@ CATALOGUE = {
     "feature.qk-norm": "qk-norm", "feature.feed-forward norms": "feed-forward norms",
     "feature.attention sinks": "attention sinks", "feature.GeGLU": "GeGLU",
     "feature.per-layer windows": "per-layer windows", "feature.chunked attention": "chunked attention",
+    "feature.shared-expert gate": "shared-expert gate", "feature.expert biases": "expert biases",
+    "feature.tensor-parallel experts": "tensor-parallel experts", "feature.fused MoE kernels": "fused MoE kernels",
+    "feature.gelu experts": "gelu experts", "feature.geglu experts": "geglu experts",
     "list.separator": ", ", "quote": "'{}'",
     # the exercise grader (scripts/exercises.py grade)
     "grade.case.public": "public test {n}{rule}: {shown}{why}",

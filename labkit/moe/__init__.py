@@ -12,10 +12,12 @@ The formulas load at once; the torch side on first use (:mod:`labkit._lazy`).
 from __future__ import annotations
 
 from .._lazy import lazy_exports
-from .analytic import all_to_all_bytes, dispatched_rows, expert_capacity, moe_flops_per_token, param_counts
+from .analytic import (all_to_all_bytes, dispatched_rows, expert_capacity, moe_flops_per_token, param_counts,
+                       training_step_flops)
 
 __all__ = [
-    "expert_capacity", "param_counts", "moe_flops_per_token", "dispatched_rows", "all_to_all_bytes",
+    "expert_capacity", "param_counts", "moe_flops_per_token", "training_step_flops", "dispatched_rows",
+    "all_to_all_bytes",
     "SCORES", "route", "keep_mask", "load_balancing_loss", "update_bias",
     "Experts", "LocalExchange", "MoE", "check_moe_config", "moe_layers", "update_expert_bias",
 ]

@@ -14,7 +14,8 @@ import math
 from ..shapes import ModelShape
 from ..validate import check_bool, check_float, check_int
 
-__all__ = ["expert_capacity", "param_counts", "moe_flops_per_token", "dispatched_rows", "all_to_all_bytes"]
+__all__ = ["expert_capacity", "param_counts", "moe_flops_per_token", "training_step_flops", "dispatched_rows",
+           "all_to_all_bytes"]
 
 
 def expert_capacity(tokens: int, n_experts: int, experts_per_token: int, capacity_factor: float) -> int:
@@ -56,6 +57,17 @@ def moe_flops_per_token(shape, kept_fraction: float = 1.0) -> int | float:
     routed = 2 * 3 * h * shape.expert_dim * k
     shared = 2 * 3 * h * shape.shared_dim * shape.n_shared_experts
     return 2 * h * e + (routed if kept == 1.0 else routed * kept) + shared
+
+
+def training_step_flops(shape, global_batch: int, recompute: bool = False) -> int:
+    """Matmul FLOPs of a training step of a dense or MoE model (``ShapeProperties.step_flops``),
+    each MoE layer's MLP counted as :func:`moe_flops_per_token` (dropless): FLOPs follow the
+    active parameters, so MFU is right for a mixture of experts."""
+    if not getattr(shape, "n_experts", 0):
+        return shape.step_flops(global_batch, recompute)
+    moe = _moe_shape(shape)
+    layers = sum(1 for i in range(moe.n_layer) if moe.is_moe_layer(i))
+    return shape.step_flops(global_batch, recompute, moe_layers=layers, moe_token_flops=moe_flops_per_token(moe))
 
 
 def dispatched_rows(tokens: int, experts_per_token: int, dropped: int = 0) -> int:

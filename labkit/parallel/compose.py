@@ -17,30 +17,32 @@ from .config import RunConfig
 __all__ = ["NOT_COMPOSED", "runnable_reason", "refusal_key", "refusal_text", "check_runnable", "check_combination",
            "knobs_of_run"]
 
-# (a key, a test on a RunConfig, why labkit does not run it); labkit.messages renders the key in
-# each language. Each entry is a combination the mechanisms
+# (a key, a test on a RunConfig and whether the model has experts, why labkit does not run it);
+# labkit.messages renders the key in each language. Each entry is a combination the mechanisms
 # refuse today; removing one is done by making parallelize_gpt run it and the estimate grid measure it.
 NOT_COMPOSED = (
-    ("offload_stage", lambda r: r.offload and r.zero_stage != 2,
+    ("offload_stage", lambda r, moe: r.offload and r.zero_stage != 2,
      "ZeRO-Offload at a stage other than 2 (labkit.zero.OffloadOptimizer is ZeRO-2's)"),
-    ("offload_composed", lambda r: r.offload and r.tp_size * r.pp_size * r.cp_size > 1,
+    ("offload_composed", lambda r, moe: r.offload and r.tp_size * r.pp_size * r.cp_size > 1,
      "ZeRO-Offload with tensor, pipeline or context parallelism (labkit.zero.OffloadOptimizer runs over "
      "data parallelism alone)"),
-    ("offload_params", lambda r: r.offload_params, "ZeRO-3's parameter offload (offload_params)"),
-    ("reshard", lambda r: not r.reshard_after_forward,
+    ("offload_params", lambda r, moe: r.offload_params, "ZeRO-3's parameter offload (offload_params)"),
+    ("reshard", lambda r, moe: not r.reshard_after_forward,
      "ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)"),
-    ("ep_composed", lambda r: r.ep_size > 1 and (r.tp_size * r.pp_size * r.cp_size > 1 or r.zero_stage >= 2
-                                                 or r.recompute != "none" or r.sequence_parallel),
-     "expert parallelism beyond data parallelism and ZeRO-1 (ep_size > 1 with tp, pp or cp > 1, ZeRO-2/3, "
-     "recomputation or sequence parallelism)"),
+    ("ep_composed", lambda r, moe: (moe or r.ep_size > 1) and (r.tp_size * r.pp_size * r.cp_size > 1
+                                                              or r.zero_stage >= 2 or r.recompute != "none"
+                                                              or r.sequence_parallel),
+     "a mixture of experts beyond data and expert parallelism and ZeRO-1 (experts, or ep_size > 1, with "
+     "tp, pp or cp > 1, ZeRO-2/3, recomputation or sequence parallelism)"),
 )
 
 
-def runnable_reason(run) -> str:
+def runnable_reason(run, experts: bool = False) -> str:
     """'' if labkit's mechanisms run ``run`` together, else why not (the first combination of
-    :data:`NOT_COMPOSED` it names)."""
+    :data:`NOT_COMPOSED` it names). ``experts``: the model has a mixture of experts (which
+    ``parallelize_gpt`` composes as it composes ep > 1, whatever ep_size)."""
     for _, test, why in NOT_COMPOSED:
-        if test(run):
+        if test(run, experts):
             return why
     return ""
 
@@ -55,9 +57,10 @@ def refusal_text(key: str) -> str:
     return next(text for k, _, text in NOT_COMPOSED if k == key)
 
 
-def check_runnable(run) -> None:
-    """Raise ValueError naming the combination if ``parallelize_gpt`` does not compose ``run``."""
-    why = runnable_reason(run)
+def check_runnable(run, experts: bool = False) -> None:
+    """Raise ValueError naming the combination if ``parallelize_gpt`` does not compose ``run``
+    (of a model with ``experts`` or not)."""
+    why = runnable_reason(run, experts)
     if why:
         raise ValueError(f"labkit does not run {why} yet")
 

@@ -26,7 +26,7 @@ from ..memory.analytic import ATTENTION, RECOMPUTE
 from ..memory.fused import KERNELS
 from ..pipeline.analytic import check_pipeline, default_schedule
 from ..tensor_parallel.rules import check_sequence_parallel
-from ..validate import ArgumentError, check_bool, check_choice, check_int
+from ..validate import ArgumentError, check_bool, check_choice, check_float, check_int
 from ..zero.analytic import STAGES, check_zero
 from .dims import ParallelDims
 
@@ -59,7 +59,8 @@ class RunConfig:
     stage's parameters held). ``kernels``: "labkit" (the activations labkit's model keeps, as the
     meter measures them) or "fused" (production fused kernels' count, ``labkit.memory.fused``).
     ``overlap_grad_reduce``: the gradient reduction runs under the
-    backward (its time hidden behind compute in the step-time model).
+    backward (its time hidden behind compute in the step-time model). ``capacity_factor``: a MoE
+    layer's experts take at most C = ceil(cf N k / E) rows each (``labkit.moe``); None: dropless.
     """
 
     dp_size: int = 1
@@ -83,6 +84,7 @@ class RunConfig:
     kernels: str = "labkit"
     reshard_after_forward: bool = True
     overlap_grad_reduce: bool = False
+    capacity_factor: float | None = None
 
     def __post_init__(self):
         for name in _INTS:
@@ -91,6 +93,8 @@ class RunConfig:
             check_bool(name, getattr(self, name))
         if self.seq_len is not None:
             check_int("seq_len", self.seq_len, 1)
+        if self.capacity_factor is not None:
+            check_float("capacity_factor", self.capacity_factor, above=0.0)
         check_choice("recompute", self.recompute, RECOMPUTE)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -144,6 +148,8 @@ class RunConfig:
         check_zero(self.zero_stage, self.replicas, offload=self.offload, offload_params=self.offload_params,
                    reshard_after_forward=self.reshard_after_forward, precision=self.precision)
         self.dims  # ParallelDims: ep divides dp_size (the expert axis is carved out of data parallelism)
+        if self.capacity_factor is not None and not shape.n_experts:
+            raise ValueError(f"capacity_factor={self.capacity_factor} caps experts, and this model has none: use None")
         if self.ep_size > 1:
             if not shape.n_experts:
                 raise ValueError(f"ep_size={self.ep_size} shards experts, and this model has none: use ep_size=1")

@@ -27,6 +27,7 @@ EXAMPLES = """examples:
   python -m labkit.plan train --model llama-2-7b --gpu a100-80gb --num-gpus 1 --seq-len 4096 --global-batch 8 --top 3
   python -m labkit.plan train --model llama-3.1-405b --gpu h100-sxm --num-gpus 16384 --seq-len 131072 --global-batch 128 --cp 1,16
   python -m labkit.plan train --model llama-3-70b --gpu h100-sxm --num-gpus 64 --seq-len 8192 --global-batch 512 --emit megatron
+  python -m labkit.plan train --model mixtral-8x7b --gpu h100-sxm --num-gpus 32 --seq-len 4096 --global-batch 256 --ep 1,2,4,8
   python -m labkit.plan serve --model llama-3-8b --gpu a100-80gb --context-len 4096
   python -m labkit.plan serve --model llama-3-8b --gpu a100-80gb --context-len 4096 --emit vllm --out serve.args
   python -m labkit.plan serve --config path/to/config.json --gpu h100-sxm --num-gpus 8 --context-len 8192 --json
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"recomputation to try, e.g. none,full (default {','.join(RECOMPUTE)})")
     train.add_argument("--cp", "--context-parallel", dest="context_parallel", type=_ints, default=None,
                        help="context-parallel degrees to try, e.g. 1,2,4 (default: 1, and powers of two from 16384 tokens)")
+    train.add_argument("--ep", "--expert-parallel", dest="expert_parallel", type=_ints, default=None,
+                       help="expert-parallel degrees to try for a model with experts, e.g. 1,8 (default: "
+                       "every degree dividing the data-parallel ranks and the experts)")
     train.add_argument("--precision", default="bf16-mixed",
                        help=f"one of {', '.join(PRECISIONS)} (default bf16-mixed; a GPU without bf16, "
                        "the T4, takes fp16-mixed or fp32)")
@@ -176,6 +180,7 @@ def _train(args, fail, shape):
                          precision=args.precision, offload=(False, True) if args.offload else (False,),
                          network_gbps=args.network_gbps, memory_fraction=args.memory_fraction,
                          context_parallel=args.context_parallel, attention=args.attention,
+                         expert_parallel=args.expert_parallel,
                          overlap_grad_reduce=args.overlap_grad_reduce, include_unrunnable=args.include_unrunnable)
 
 

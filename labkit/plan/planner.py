@@ -1,5 +1,4 @@
-"""Plan a training run: every (t, cp, p, v, N_d, ZeRO, recomputation, b, m) that fits, fastest first.
-
+"""Plan a training run: every (t, cp, p, v, N_d, ep, ZeRO, recomputation, b, m) that fits, fastest first.
 Memory per GPU is ``labkit.estimate.training_memory`` (the most loaded rank); a plan fits when
 its total is at most ``memory_fraction`` of the GPU's memory (nvidia-smi's total). Step time and
 MFU are :mod:`labkit.plan.steptime`'s model. A *layout* (t, cp, p, N_d) where no configuration fits
@@ -20,7 +19,7 @@ from ..parallel.compose import refusal_key, refusal_text, runnable_reason
 from ..parallel.config import RunConfig
 from ..validate import ArgumentError, check_bool, check_choice, check_float, check_int, check_positive
 from ..zero.analytic import zero_allowed
-from .sweep import cp_degrees, flops_of, layouts, pipeline_choices, training_memory
+from .sweep import check_ep_degrees, cp_degrees, ep_degrees, flops_of, layouts, pipeline_choices, training_memory
 from .steptime import StepTime, step_flops, step_time
 
 __all__ = ["TrainingPlan", "TrainingPlans", "Overflow", "overflow_term", "plan_training", "RECOMPUTE", "TERMS"]
@@ -39,6 +38,7 @@ class TrainingPlan:
     memory: object
     step: StepTime
     limit_bytes: int
+    unrunnable: str = ""  # why labkit's mechanisms do not run it ("": they do); --include-unrunnable
 
     def __getattr__(self, name):
         if name in RunConfig.__dataclass_fields__:
@@ -59,7 +59,8 @@ class TrainingPlan:
 
     def to_dict(self) -> dict:
         return {**self.run.to_dict(), "memory": self.memory.to_dict(), "step": self.step.to_dict(),
-                "limit_bytes": self.limit_bytes, "step_time_s": self.step_time_s, "mfu": self.mfu}
+                "limit_bytes": self.limit_bytes, "step_time_s": self.step_time_s, "mfu": self.mfu,
+                "unrunnable": self.unrunnable}
 
 
 class Overflow(NamedTuple):
@@ -177,13 +178,13 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
                   memory_fraction: float = 0.9, even_stages: bool = False,
                   include_infeasible: bool = False, context_parallel=None, stepwise: bool = False,
                   attention: str = "flash", overlap_grad_reduce: bool = False,
-                  include_unrunnable: bool = False) -> TrainingPlans:
+                  include_unrunnable: bool = False, expert_parallel=None) -> TrainingPlans:
     """Every configuration of ``shape`` on ``num_gpus`` x ``gpu`` that fits, fastest first.
 
     Each is a ``labkit.parallel.RunConfig`` that passes ``RunConfig.check(shape)`` (t divides the
     heads and widths and ``gpus_per_node``; p <= n_layer; v > 1 where interleaving runs) and that
     labkit's mechanisms run together (``labkit.parallel.compose``: ``include_unrunnable`` keeps the
-    others too, each plan's ``runnable`` saying why not); t cp p N_d = num_gpus; N_d b divides
+    others too, each plan's ``unrunnable`` saying why not); t cp p N_d = num_gpus; N_d b divides
     ``global_batch`` (m = global_batch / (N_d b)). ``offload``: (False,), or (False, True) to weigh
     ZeRO-Offload too (ZeRO-2 on one replica). ``shape``: a ``ModelShape``, a preset's name, a
     ``GPTConfig`` or a config.json dict. ``network_gbps``: GB/s per GPU between nodes, one
@@ -197,7 +198,9 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     ``context_parallel``: the cp degrees to weigh (ring attention, zigzag layout), a tuple such as
     (1, 2, 4); ``None``: :func:`labkit.plan.sweep.cp_degrees`. Ranks sit in
     ``labkit.parallel.ParallelDims.AXES`` order (dp, pp, cp, tp), so a cp group spans t cp
-    consecutive ranks. ``stepwise``: a generator yielding ``(layouts done, layouts, None)`` and then
+    consecutive ranks. ``expert_parallel``: the ep degrees to weigh for a model with experts, a
+    tuple such as (1, 8) (None: every one dividing N_d and E, :func:`labkit.plan.sweep.ep_degrees`).
+    ``stepwise``: a generator yielding ``(layouts done, layouts, None)`` and then
     ``(n, n, TrainingPlans)`` (a page's calculator gives the browser its turn between steps).
     """
     g, shape = get_gpu(gpu), check_trainable(as_shape(shape))
@@ -215,6 +218,7 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
                nvlink_gbps=g.link_gbps / 2 if nvlink_gbps is None else nvlink_gbps,
                network_gbps=g.network_gbps if network_gbps is None else network_gbps,
                limit=int(memory_fraction * g.memory_bytes), unrunnable=include_unrunnable, even_stages=even_stages,
+               expert_parallel=None if expert_parallel is None else check_ep_degrees(shape, expert_parallel),
                flops={rc: step_flops(flops_of, shape, global_batch, rc) for rc in recompute})
     grid = [(t, cp, p, dp) for cp in cps for t, p, dp in layouts(shape, num_gpus // cp, gpus_per_node, even_stages)]
     steps = _sweep(ctx, grid, dict(micro_batches=micro_batches, interleave=interleave, zero_stages=zero_stages,
@@ -267,28 +271,29 @@ def _layout_plans(ctx, t, cp, p, dp, refused, *, micro_batches, interleave, zero
     """Yield every configuration of one layout (t, cp, p, N_d) that the shape allows (RunConfig.check)
     and, unless asked, that labkit runs (``refused`` counts the others by reason)."""
     shape = ctx["shape"]
-    degrees = dict(tp_size=t, cp_size=cp, pp_size=p, dp_size=dp)
     for b, m, v, schedule in pipeline_choices(shape, p, dp, ctx["global_batch"], micro_batches, interleave,
                                               ctx["even_stages"]):
-        for rc, sp in ((rc, sp) for rc in recompute for sp in sequence_parallel
-                       if not (sp and (t == 1 or shape.seq_len % (t * cp)))):
+        for rc, sp, ep in ((rc, sp, ep) for rc in recompute for sp in sequence_parallel
+                           for ep in ep_degrees(shape, dp, ctx["expert_parallel"])
+                           if not (sp and (t == 1 or shape.seq_len % (t * cp)))):
+            degrees = dict(tp_size=t, cp_size=cp, pp_size=p, dp_size=dp, ep_size=ep)
             for z, off in _zero_choices(zero_stages, offload, dp * cp):
                 if not zero_allowed(z, dp * cp, off, ctx["base"].precision):
                     continue
                 run = ctx["base"].replace(**degrees, micro_batch=b, num_microbatches=m, v=v, schedule=schedule,
                                           recompute=rc, sequence_parallel=sp, zero_stage=z, offload=off)
-                why = runnable_reason(run)
+                why = runnable_reason(run, bool(shape.n_experts))
                 if why and not ctx["unrunnable"]:
                     key = refusal_key(why)
                     refused[key] = refused.get(key, 0) + 1
                     continue
-                yield _size(ctx, run)
+                yield _size(ctx, run, why)
 
 
-def _size(ctx, run) -> TrainingPlan:
+def _size(ctx, run, why: str = "") -> TrainingPlan:
     shape = ctx["shape"]
     mem = training_memory(shape, run)
     step = step_time(run, shape, num_gpus=ctx["num_gpus"], gpus_per_node=ctx["gpus_per_node"], peak=ctx["peak"],
                      efficiency=ctx["efficiency"], nvlink_gbps=ctx["nvlink_gbps"], network_gbps=ctx["network_gbps"],
                      flops=ctx["flops"][run.recompute])
-    return TrainingPlan(run, mem, step, ctx["limit"])
+    return TrainingPlan(run, mem, step, ctx["limit"], why)

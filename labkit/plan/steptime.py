@@ -34,6 +34,17 @@ Assumptions, all of them:
   ranks that hold the same parameters; on the network when the run spans nodes, else on NVLink.
   ``RunConfig.overlap_grad_reduce``: that traffic runs under the compute and only what exceeds
   the backward's share (two thirds of the compute) adds; otherwise it adds in full.
+- Experts (a model with experts; ep > 1): per MoE layer and micro-batch, the dispatch and combine
+  all-to-alls forward and their inverses backward, and the forward's once more under full
+  recomputation: ``labkit.moe.analytic.all_to_all_bytes`` of the N k rows the rank routes (N = b s /
+  cp tokens; under a capacity, ``labkit.estimate.experts.dispatched_rows_bound``), 2-byte rows, of
+  which (ep - 1) / ep leave the rank under uniform routing. Where the ep group lies: labkit's order,
+  innermost first, is tp-cp-pp-ep-dp, ep being the inner factor of dp (``ParallelDims.expert_groups``):
+  an ep group spans ep p cp t consecutive ranks, on NVLink when that fits in a node, else every byte
+  on the network (assumed: none of it stays inside a node). Megatron-LM's order is tp-cp-ep-dp-pp
+  (ep inside a stage: t cp ep ranks); torchtitan's mesh, outermost first, is ["pp", "dp_replicate",
+  "dp_shard", "cp", "tp"], ep borrowed from dp_shard x cp. Expert gradients reduce over the dp / ep
+  ranks holding the same experts, the rest over all N_d cp replicas. Routing imbalance is not charged.
 - Latency (the alpha of an alpha-beta model): every ring collective takes R - 1 steps over R
   ranks (an all-reduce 2 (R - 1)), each ``LATENCY_S`` of its link (1 us on NVLink, 5 us on the
   network: assumed orders of magnitude, not measured here); a pipeline message one. It matters for small messages over many ranks (ZeRO-3's
@@ -48,10 +59,12 @@ Assumptions, all of them:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ..context_parallel.analytic import ring_bytes_per_layer, ring_step_flops
+from ..moe.analytic import training_step_flops
 
-__all__ = ["StepTime", "step_time", "step_flops", "ring_step", "LATENCY_S"]
+__all__ = ["StepTime", "step_time", "step_flops", "ring_step", "expert_traffic", "LATENCY_S"]
 
 
 @dataclass(frozen=True)
@@ -69,11 +82,12 @@ class StepTime:
     hfu: float
     comm_bytes: dict  # per GPU per step: {"tensor", "pipeline", "context", "data"}
     latency_s: float = 0.0  # the collectives' per-step latencies, added up
+    expert_s: float = 0.0  # the experts' all-to-all (dispatch and combine)
 
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.tensor_s + self.pipeline_s + self.context_s + self.data_s + self.offload_s
-                + self.latency_s)
+                + self.latency_s + self.expert_s)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total_s": self.total_s}
@@ -112,18 +126,46 @@ LATENCY_S = {"nvlink": 1e-6, "network": 5e-6}  # seconds per ring step, by link:
 
 
 def _links(run, num_gpus: int, gpus_per_node: int, nvlink_gbps: float, network_gbps: float) -> dict:
-    """(GB/s, latency) of each group's link: tp stays in a node; cp, pp and dp leave it when the
-    ranks they span (t cp, t cp p, the whole run) outnumber a node's GPUs."""
+    """(GB/s, latency) of each group's link: tp stays in a node; cp, pp, ep and dp leave it when
+    the ranks they span (t cp, t cp p, t cp p ep, the whole run) outnumber a node's GPUs."""
     net, nv = (network_gbps, LATENCY_S["network"]), (nvlink_gbps, LATENCY_S["nvlink"])
     t, cp, p = run.tp_size, run.cp_size, run.pp_size
     return {"tensor": nv, "context": net if t * cp > gpus_per_node else nv,
-            "pipeline": net if t * cp * p > gpus_per_node else nv, "data": net if num_gpus > gpus_per_node else nv}
+            "pipeline": net if t * cp * p > gpus_per_node else nv, "data": net if num_gpus > gpus_per_node else nv,
+            "expert": net if t * cp * p * run.ep_size > gpus_per_node else nv}
 
 
-def _data_traffic(run, rank_params: int, layers: int) -> tuple[float, int]:
-    """(bytes a rank sends, ring steps) of one step's data-parallel and ZeRO collectives."""
+def expert_traffic(shape, run) -> tuple[float, int]:
+    """(bytes a rank sends, all-to-all calls) of one step's expert parallelism: the module
+    docstring's count over the MoE layers of the most loaded stage and the m micro-batches."""
+    from ..estimate.experts import dispatched_rows_bound
+    from ..moe.analytic import all_to_all_bytes
+    ep = run.ep_size
+    if ep == 1:
+        return 0.0, 0
+    tokens = run.micro_batch * (shape.seq_len // run.cp_size)
+    rows = ep * dispatched_rows_bound(tokens, shape.n_experts, shape.experts_per_token, run.capacity_factor)
+    group = all_to_all_bytes(rows, shape.d_model, shape.n_experts, ep, 2)  # the group's, forward and backward
+    calls = 5  # forward: the counts, dispatch, combine; backward: combine's and dispatch's inverses
+    if run.recompute == "full":
+        group += all_to_all_bytes(rows, shape.d_model, shape.n_experts, ep, 2, backward=False)
+        calls += 3
+    layers = _moe_layers_per_stage(shape, run.pp_size, run.v) * run.num_microbatches
+    return layers * group / ep * (ep - 1) / ep, layers * calls
+
+
+@lru_cache(maxsize=256)
+def _moe_layers_per_stage(shape, p: int, v: int) -> int:
+    """The most MoE layers a pipeline stage holds."""
+    return max(sum(shape.is_moe_layer(i) for a, b in shape.stage_ranges(p, st, v) for i in range(a, b))
+               for st in range(p))
+
+
+def _data_traffic(run, rank_params: int, layers: int, replicas: int) -> tuple[float, int]:
+    """(bytes a rank sends, ring steps) of one step's data-parallel and ZeRO collectives of
+    ``rank_params`` over ``replicas`` ranks."""
     from ..zero.analytic import step_comm_volume
-    r, m = run.replicas, run.num_microbatches
+    r, m = replicas, run.num_microbatches
     if r == 1:
         return 0.0, 0
     volume = step_comm_volume(rank_params, run.zero_stage, m, reshard_after_forward=run.reshard_after_forward)
@@ -146,8 +188,7 @@ def step_time(run, shape, *, num_gpus: int, gpus_per_node: int, peak: float, eff
     (:func:`step_flops`; computed when None)."""
     from ..pipeline.analytic import bubble_fraction
     t, p, cp, m, v = run.tp_size, run.pp_size, run.cp_size, run.num_microbatches, run.v
-    model_flops, run_flops = flops or step_flops(lambda sh, gb, recompute=False: sh.step_flops(gb, recompute),
-                                                 shape, run.global_batch, run.recompute)
+    model_flops, run_flops = flops or step_flops(training_step_flops, shape, run.global_batch, run.recompute)
     bubble = bubble_fraction(p, m, run.schedule, v)
     compute = run_flops / (num_gpus * peak * efficiency) / (1 - bubble)
     message = run.micro_batch * (shape.seq_len // cp) * shape.d_model * 2  # one (b, s/cp, h) bf16 activation
@@ -156,7 +197,7 @@ def step_time(run, shape, *, num_gpus: int, gpus_per_node: int, peak: float, eff
     collectives = (6 if run.recompute == "full" else 4) * layers * m
     tensor = collectives * 2 * (t - 1) / t * message
     pipe = 2 * m * v * message / t if p > 1 else 0.0
-    data, data_steps = _data_traffic(run, shape.stage_params(t, p, 0, v), layers)
+    data, data_steps = _gradient_traffic(shape, run, layers)
     ring, ring_s = ring_step(shape, tp_size=t, cp_size=cp, micro_batch=run.micro_batch, recompute=run.recompute,
                              flops_per_s=peak * efficiency, link_gbps=links["context"][0])
     tensor_s, pipe_s = tensor / nvlink_gbps / 1e9, pipe / links["pipeline"][0] / 1e9
@@ -166,9 +207,25 @@ def step_time(run, shape, *, num_gpus: int, gpus_per_node: int, peak: float, eff
     latency = (collectives * 2 * (t - 1) * links["tensor"][1] + (2 * m * v if p > 1 else 0) * links["pipeline"][1]
                + data_steps * links["data"][1])
     context, context_s = layers * m * ring, layers * m * ring_s
+    expert, expert_calls = expert_traffic(shape, run)
+    expert_s = expert / links["expert"][0] / 1e9
+    latency += expert_calls * (run.ep_size - 1) * links["expert"][1]
     shard = -(-shape.stage_params(t, p, 0, v) // run.replicas)  # ZeRO-Offload moves a rank's shard (stage >= 1)
     offload_s = 2 * shard * 2 / pcie_gbps / 1e9 if run.offload else 0.0
-    total = compute + tensor_s + pipe_s + context_s + data_s + offload_s + latency
+    total = compute + tensor_s + pipe_s + context_s + data_s + offload_s + latency + expert_s
     return StepTime(compute, bubble, tensor_s, pipe_s, data_s, context_s, offload_s,
                     model_flops / (total * num_gpus * peak), run_flops / (total * num_gpus * peak),
-                    {"tensor": tensor, "pipeline": pipe, "context": context, "data": data}, latency)
+                    {"tensor": tensor, "pipeline": pipe, "context": context, "data": data, "expert": expert},
+                    latency, expert_s)
+
+
+def _gradient_traffic(shape, run, layers: int) -> tuple[float, int]:
+    """:func:`_data_traffic` of stage 0's parameters: the experts' over the replicas / ep that hold
+    them, the rest over all replicas (one group when ep = 1)."""
+    from ..estimate.experts import rank_params
+    dense, experts = rank_params(shape, run.tp_size, run.pp_size, 0, run.v, run.ep_size)
+    if run.ep_size == 1:
+        return _data_traffic(run, dense + experts, layers, run.replicas)
+    a, b = _data_traffic(run, dense, layers, run.replicas), _data_traffic(run, experts, layers,
+                                                                          run.replicas // run.ep_size)
+    return a[0] + b[0], a[1] + b[1]

@@ -11,10 +11,13 @@ from typing import NamedTuple
 
 from ..context_parallel.analytic import check_cp_seq_len
 from ..estimate import training_memory
+from ..expert_parallel.analytic import check_ep_size
+from ..moe.analytic import training_step_flops
+from ..parallel.dims import ParallelDims
 from ..pipeline.analytic import default_schedule, interleave_allowed
 from ..validate import check_int
 
-__all__ = ["Dims", "CP_MIN_SEQ_LEN", "cp_degrees", "layouts", "pipeline_choices", "flops_of",
+__all__ = ["Dims", "CP_MIN_SEQ_LEN", "cp_degrees", "ep_degrees", "layouts", "pipeline_choices", "flops_of",
            "training_memory"]
 
 CP_MIN_SEQ_LEN = 16384  # the sequence length from which the planner weighs cp > 1 by default
@@ -27,6 +30,7 @@ class Dims(NamedTuple):
     tp_size: int
     pp_size: int
     cp_size: int = 1
+    ep_size: int = 1  # inside dp: it adds no rank
 
     @property
     def world_size(self) -> int:
@@ -65,13 +69,47 @@ def cp_degrees(seq_len: int, num_gpus: int, context_parallel=None) -> tuple[int,
     return tuple(sorted(set(degrees)))
 
 
+def ep_degrees(shape, dp: int, expert_parallel=None) -> tuple[int, ...]:
+    """The expert-parallel degrees the planner weighs on ``dp`` data-parallel ranks: those of
+    ``expert_parallel`` (None: every degree) that divide both dp and the routed experts E
+    (``ParallelDims``: ep divides dp; ``check_ep_size``: ep divides E). A dense model: (1,)."""
+    degrees = _divisors(shape.n_experts or 1) if expert_parallel is None else check_ep_degrees(shape, expert_parallel)
+    return tuple(ep for ep in degrees if _ep_fits(dp, ep))
+
+
+def _ep_fits(dp: int, ep: int) -> bool:
+    """Whether ``ParallelDims`` takes ep inside dp (its rule: ep divides dp_size)."""
+    try:
+        ParallelDims(dp_size=dp, ep_size=ep)
+    except ValueError:
+        return False
+    return True
+
+
+def check_ep_degrees(shape, expert_parallel) -> tuple[int, ...]:
+    """``expert_parallel`` (a tuple of degrees) checked: each an int >= 1 dividing E (1 alone for a
+    dense model), else a ValueError naming it."""
+    if not isinstance(expert_parallel, (tuple, list)) or not expert_parallel:
+        raise TypeError(f"expert_parallel={expert_parallel!r} must be None or a non-empty tuple of degrees, "
+                        "e.g. (1, 8)")
+    for ep in expert_parallel:
+        check_int("expert_parallel", ep, 1)
+        if ep > 1 and not shape.n_experts:
+            raise ValueError(f"expert_parallel={tuple(expert_parallel)!r}: ep={ep} shards experts, and this "
+                             "model has none; use 1")
+        if ep > 1:
+            check_ep_size(ep, shape.n_experts)
+    return tuple(sorted(set(expert_parallel)))
+
+
 def layouts(shape, num_gpus: int, gpus_per_node: int, even_stages: bool = False) -> list[tuple[int, int, int]]:
     """(t, p, N_d) with t p N_d = num_gpus: t divides n_head, n_kv_head, d_ff and gpus_per_node (a
     tensor group stays in a node); p is at most n_layer (stages of unequal layer counts when p does
-    not divide it: the estimator sizes the most loaded; ``even_stages``: p divides n_layer)."""
+    not divide it: the estimator sizes the most loaded; ``even_stages``: p divides n_layer). With
+    experts, t = 1: the estimate does not model tensor-parallel experts (labkit shards them over ep)."""
     out = []
     for t in _divisors(shape.n_head):
-        if shape.kv_heads % t or shape.ffn_dim % t or gpus_per_node % t or num_gpus % t:
+        if shape.kv_heads % t or shape.ffn_dim % t or gpus_per_node % t or num_gpus % t or (shape.n_experts and t > 1):
             continue
         out += [(t, p, num_gpus // (t * p)) for p in _divisors(num_gpus // t)
                 if p <= shape.n_layer and not (even_stages and shape.n_layer % p)]
@@ -92,6 +130,7 @@ def pipeline_choices(shape, p: int, dp: int, global_batch: int, micro_batches, i
 
 
 def flops_of(shape, global_batch: int, recompute: bool = False) -> int:
-    """Matmul FLOPs of a training step of ``global_batch`` sequences (``ModelShape.step_flops``, the
-    count ``labkit.model.training_flops`` checks against a FLOP counter)."""
-    return shape.step_flops(global_batch, recompute)
+    """Matmul FLOPs of a training step of ``global_batch`` sequences (``labkit.moe.analytic.
+    training_step_flops``, the count ``labkit.model.training_flops`` checks against a FLOP counter;
+    with experts, a token's active ones)."""
+    return training_step_flops(shape, global_batch, recompute)

@@ -25,7 +25,7 @@ def training_table(result, top: int) -> str:
     """The best ``top`` plans within 80 columns: degrees, knobs, the per-GPU memory in GB (model
     states = parameters, gradients and optimizer states; other = the transient peaks and the memory
     outside PyTorch; ``--json`` keeps each apart), step time and MFU. ``zero`` reads "2+cpu" for
-    ZeRO-Offload."""
+    ZeRO-Offload; ``ep`` is shown when a plan shards experts."""
     header = ["t", "p", "v", "dp", "cp", "zero", "recompute", "sp", "b", "m", "states", "activ", "other",
               "total GB", "step s", "MFU"]
     rows = [[p.tp_size, p.pp_size, p.v, p.dp_size, p.cp_size, f"{p.zero_stage}+cpu" if p.offload else p.zero_stage,
@@ -33,6 +33,10 @@ def training_table(result, top: int) -> str:
              _gb(p.memory.params + p.memory.grads + p.memory.optimizer),
              _gb(p.memory.activations), _gb(p.memory.transient + p.memory.non_torch),
              _gb(p.memory.total), f"{p.step_time_s:.2f}", f"{p.mfu:.1%}"] for p in result.plans[:top]]
+    if any(p.ep_size > 1 for p in result.plans[:top]):  # a model with experts: ep, inside dp
+        header.insert(4, "ep")
+        for row, p in zip(rows, result.plans):
+            row.insert(4, p.ep_size)
     limit = result.plans[0].limit_bytes
     return (f"{len(result.plans)} of {result.considered} configurations fit in {_gb(limit)} GB a GPU; "
             f"the best {len(rows)}:\n" + table(header, rows, sep=" "))
