@@ -1,8 +1,7 @@
 """The course's model: GPT-2's block by default (Radford et al. 2019: learned positions, tied
 embeddings, biases, pre-LayerNorm, a 4h GELU MLP, dropout); the Llama family and Mistral by their
-config's fields (:mod:`labkit.layers`), experts (:mod:`labkit.moe`), MLA (:mod:`labkit.mla`).
-The attention core is its own module (:class:`AttentionCore`), for later chapters to replace.
-"""
+config's fields (:mod:`labkit.layers`), experts (:mod:`labkit.moe`), MLA (:mod:`labkit.mla`). The
+attention core is its own module (:class:`AttentionCore`), for later chapters to replace."""
 
 from __future__ import annotations
 
