@@ -92,8 +92,12 @@ CATALOGUE = {
                      "parallelism: each rank holds seq_len / tp_size positions"),
     "error.seq_len_max": "seq_len={seq_len} must be at most the model's seq_len={max_len} (its max_position_embeddings)",
     "error.untrainable": "training estimates do not model {missing:list} yet",
-    "error.windows": ("{unmodelled:list}: the serving estimate caps every layer's cache at one "
-                      "window; windows that differ by layer are not modelled yet"),
+    "error.serving_experts": ("tp_size={tp_size} must divide d_expert={d_expert} (each expert sliced by t), "
+                              "or shard the experts whole (expert_parallel)"),
+    "error.expert_parallel": "expert_parallel=True needs experts; this model is dense (n_experts=0)",
+    "error.weight_format": ("weight_format={value!r} (the config's quantization_config) is not modelled; "
+                            "give a weight format: {valid:list}"),
+    "error.format_and_bytes": "{format_name}={format!r} and {bytes_name}={bytes!r}: give one",
     "error.no_peak": ("precision={precision!r} computes in {half}, which {gpu} has no peak for "
                       "(no {half} tensor cores); valid on {gpu}: {valid:list}"),
     "error.other": "{detail}",
