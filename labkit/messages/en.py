@@ -61,8 +61,9 @@ CATALOGUE = {
     "refused.reshard": 'ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)',
     "refused.ep_composed": 'expert parallelism beyond data parallelism and ZeRO-1 (ep_size > 1 with tp, pp or cp > 1, ZeRO-2/3, recomputation or sequence parallelism)',
     "plan.no_layout": "no (t, cp, p, N_d, b) splits the GPUs and the global batch",
-    "serve.no_block": "t={tp_size}: the weights leave no room for a KV block",
-    "serve.too_few_blocks": "t={tp_size}: {num_blocks} blocks, fewer than one request needs",
+    "serve.ep": " ep",
+    "serve.no_block": "t={tp_size}{ep}: the weights leave no room for a KV block",
+    "serve.too_few_blocks": "t={tp_size}{ep}: {num_blocks} blocks, fewer than one request needs",
     # refusals (ArgumentError.kind; fields as raised)
     "error.int": "{name}={value!r} must be an int >= {minimum}",
     "error.int_range": "{name}={value!r} must be an int in [{minimum}, {maximum}]",

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from ..estimate import as_shape, check_context_len, serving_memory
 from ..hardware import get_gpu
+from ..messages import serving_reason
 from ..validate import ArgumentError, check_bool, check_float, check_int
 from .sweep import _divisors
 
@@ -72,9 +73,8 @@ class ServingPlans(NamedTuple):
                 "context_len": self.context_len}
 
     def reason(self) -> str:
-        return "; ".join(f"t={p.tp_size}{' ep' if p.expert_parallel else ''}: " + ("the weights leave no room for a KV block" if p.bound == "weights"
-                                               else f"{p.num_blocks} blocks, fewer than one request needs")
-                         for p in self.refused)
+        """Why each refused degree serves nothing (``labkit.messages.serving_reason``, in English)."""
+        return serving_reason(self.refused, "en")
 
 
 def plan_serving(shape, *, gpu, num_gpus: int = 1, context_len: int, weight_bytes: int | None = None,
