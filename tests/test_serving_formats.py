@@ -219,3 +219,13 @@ def test_vllm_arguments_name_the_formats_and_refuse_what_0_8_5_does_not_write():
     int8 = plan_serving("llama-3-8b", gpu="a100-80gb", context_len=4096, weight_format="int8").plans[0]
     with pytest.raises(ValueError, match="weight_format='int8'"):
         to_vllm(int8)
+
+
+def test_llama_4_s_chunked_layers_cache_at_most_a_chunk():
+    scout = preset("llama-4-scout")  # 36 chunked layers of 8192 tokens, every 4th layer full
+    est = serving_memory(scout, gpu="h100-sxm", tp_size=8)
+    layer_block = 16 * 2 * 1 * 128 * 2  # 8 KV heads over t = 8: one a GPU, of 128, key and value, bf16
+    assert est.bytes_per_block == 48 * layer_block
+    blocks = est.kv_cache // layer_block
+    assert est.max_concurrency(16384) == blocks // (12 * 16384 // 16 + 36 * 8192 // 16)
+    assert est.max_concurrency(4096) == blocks // (48 * 4096 // 16)  # shorter than a chunk: all alike

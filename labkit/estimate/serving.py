@@ -7,10 +7,11 @@ by profiling; this estimate assumes them (see :func:`serving_memory`). Bytes per
 attention counted; under MLA L (kv_lora_rank + qk_rope_head_dim) e, ``ModelShape.kv_cache_width``);
 a window caps the tokens a layer caches. Every expert's weights count, in a named format
 (:mod:`labkit.estimate.formats`). Windows that differ by layer (Gemma 2, gpt-oss, Llama 4) are
-sized as vLLM's hybrid KV cache manager sizes them (``window_cache="per_layer"``, vLLM's V1 engine
-with the hybrid allocator): a windowed layer caches at most its window, a full layer the whole
-context. ``window_cache="full"`` is vLLM with the hybrid allocator disabled, and vLLM before it
-(0.8.5's V0 and V1 engines): every layer of such a model is allocated the whole context.
+sized as vLLM's hybrid KV cache manager sizes them (``window_cache="per_layer"``; its design
+notes, references.bib ``vllmhybridkv``): a windowed layer caches at most its window, a full layer
+the whole context. ``window_cache="full"`` is vLLM with that manager disabled, whose
+``FullAttentionSpec`` then allocates every layer's blocks for all tokens (vllm.v1.kv_cache_interface,
+read in its v0.9 documentation), as vLLM did before the manager existed.
 """
 
 from __future__ import annotations
