@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .validate import ArgumentError, check_bool, check_choice, check_float, check_int
 
-__all__ = ["layer_split", "layer_range", "GATED", "ShapeProperties", "check_shape", "features"]
+__all__ = ["layer_split", "layer_range", "layer_window", "GATED", "ShapeProperties", "check_shape", "features"]
 
 GATED = ("swiglu", "geglu")  # MLPs with a gate: three matrices
 
@@ -149,6 +149,16 @@ def features(shape) -> tuple:
              ("attention sinks", shape.attn_sinks), ("GeGLU", shape.mlp == "geglu"),
              ("per-layer windows", shape.full_attention_every), ("chunked attention", shape.chunked_attention))
     return tuple(name for name, present in named if present)
+
+
+def layer_window(shape, layer: int) -> int | None:
+    """The window of block ``layer`` (0-based): None where it attends to every earlier key, else
+    ``sliding_window`` (a sliding window, or Llama 4's chunk). With ``full_attention_every`` = k,
+    every k-th layer is full and the others windowed (Gemma 2, gpt-oss, Llama 4); without it,
+    every layer has the one window or none."""
+    check_int("layer", layer, 0, shape.n_layer - 1)
+    k = shape.full_attention_every
+    return None if k and (layer + 1) % k == 0 else shape.sliding_window
 
 
 def layer_range(n_layer: int, parts: int, k: int) -> tuple[int, int]:

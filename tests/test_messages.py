@@ -112,7 +112,11 @@ REFUSALS = [
      "kv_divides"),
     (lambda: PRESETS["llama-2-13b"].check_tp_size(3), "tp_divides"),
     (lambda: serving_memory("llama-3-8b", gpu="a100", tp_size=3), "serving_tp"),
-    (lambda: training_memory("deepseek-v3", seq_len=128, micro_batch=1), "untrainable"),
+    (lambda: training_memory("qwen1.5-moe-a2.7b", seq_len=128, micro_batch=1), "untrainable"),  # its shared-expert gate
+    (lambda: serving_memory(PRESETS["mixtral-8x7b"].replace(d_ff=101), gpu="a100", tp_size=2), "serving_experts"),
+    (lambda: serving_memory("llama-3-8b", gpu="a100", tp_size=2, expert_parallel=True), "expert_parallel"),
+    (lambda: serving_memory(PRESETS["llama-3-8b"].replace(weight_format="nf4"), gpu="a100"), "weight_format"),
+    (lambda: serving_memory("llama-3-8b", gpu="a100", weight_format="fp8", weight_bytes=1), "format_and_bytes"),
     (lambda: plan_training("gpt2-small", gpu="t4", num_gpus=1, seq_len=1024, global_batch=8), "no_peak"),
     # a config.json pasted into a calculator (labkit.hf_config)
     (lambda: read_config_json('{"model_type": "llama",}'), "config_json"),
@@ -183,7 +187,7 @@ def test_every_refusal_a_calculator_meets_has_a_kind():
                     assert getattr(e, "kind", None) and "error." + e.kind in EN, (shape, gpu, e)
                     assert not english_words(error_message(e, "zh_CN"), kept_latin()), e
                     refused.add(e.kind)
-    assert {"untrainable", "no_peak", "head_divides", "kv_divides", "mla_heads", "int", "windows"} <= refused, refused
+    assert {"untrainable", "no_peak", "head_divides", "kv_divides", "mla_heads", "int"} <= refused, refused
 
 
 def test_every_refusal_of_the_composition_table_is_worded_in_both_languages():

@@ -185,8 +185,12 @@ def test_serving_counts_every_expert_and_mla_cache():
     assert est.weights == 2 * ((PUBLISHED_EXACT["mixtral-8x7b"] - whole) // 2 + whole)
     lite = serving_memory("deepseek-v2-lite", gpu="a100-80gb", block_size=16)
     assert lite.bytes_per_block == 16 * 27 * (512 + 64) * 2  # layers x (kv_lora_rank + rope) x bf16
-    with pytest.raises(ValueError, match="per-layer windows"):
-        serving_memory("gemma-2-9b", gpu="a100-80gb")
+    # Gemma 2: 21 windowed layers cache at most 4096 tokens, 21 full ones the whole context
+    gemma = serving_memory("gemma-2-9b", gpu="a100-80gb")
+    layer_blocks = gemma.kv_cache // (gemma.bytes_per_block // 42)
+    assert gemma.max_concurrency(8192) == layer_blocks // (21 * 8192 // 16 + 21 * 4096 // 16)
+    assert serving_memory("gemma-2-9b", gpu="a100-80gb", window_cache="full").max_concurrency(8192) == \
+        layer_blocks // (42 * 8192 // 16)
 
 
 @pytest.mark.parametrize("name, words", [

@@ -163,7 +163,10 @@ def training_reason(overflows, lang: str = "en", refused=None) -> str:
 def serving_reason(refused, lang: str = "en") -> str:
     """Why each refused tensor-parallel degree serves nothing, from ``ServingPlans.refused``; in
     English, the text of ``ServingPlans.reason()``."""
+    def ep(p) -> str:  # expert parallelism said after t
+        return render("serve.ep", lang) if getattr(p, "expert_parallel", False) else ""
+
     return render("plan.separator", lang).join(
-        render("serve.no_block", lang, tp_size=p.tp_size) if p.bound == "weights"
-        else render("serve.too_few_blocks", lang, tp_size=p.tp_size, num_blocks=p.num_blocks)
+        render("serve.no_block", lang, tp_size=p.tp_size, ep=ep(p)) if p.bound == "weights"
+        else render("serve.too_few_blocks", lang, tp_size=p.tp_size, ep=ep(p), num_blocks=p.num_blocks)
         for p in refused)

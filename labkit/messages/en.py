@@ -64,8 +64,9 @@ CATALOGUE = {
     "refused.reshard": 'ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)',
     "refused.ep_composed": 'a mixture of experts beyond data and expert parallelism and ZeRO-1 (experts, or ep_size > 1, with tp, pp or cp > 1, ZeRO-2/3, recomputation or sequence parallelism)',
     "plan.no_layout": "no (t, cp, p, N_d, b) splits the GPUs and the global batch",
-    "serve.no_block": "t={tp_size}: the weights leave no room for a KV block",
-    "serve.too_few_blocks": "t={tp_size}: {num_blocks} blocks, fewer than one request needs",
+    "serve.ep": " ep",
+    "serve.no_block": "t={tp_size}{ep}: the weights leave no room for a KV block",
+    "serve.too_few_blocks": "t={tp_size}{ep}: {num_blocks} blocks, fewer than one request needs",
     # refusals (ArgumentError.kind; fields as raised)
     "error.int": "{name}={value!r} must be an int >= {minimum}",
     "error.int_range": "{name}={value!r} must be an int in [{minimum}, {maximum}]",
@@ -95,8 +96,12 @@ CATALOGUE = {
                      "parallelism: each rank holds seq_len / tp_size positions"),
     "error.seq_len_max": "seq_len={seq_len} must be at most the model's seq_len={max_len} (its max_position_embeddings)",
     "error.untrainable": "training estimates do not model {missing:list} yet",
-    "error.windows": ("{unmodelled:list}: the serving estimate caps every layer's cache at one "
-                      "window; windows that differ by layer are not modelled yet"),
+    "error.serving_experts": ("tp_size={tp_size} must divide d_expert={d_expert} (each expert sliced by t), "
+                              "or shard the experts whole (expert_parallel)"),
+    "error.expert_parallel": "expert_parallel=True needs experts; this model is dense (n_experts=0)",
+    "error.weight_format": ("weight_format={value!r} (the config's quantization_config) is not modelled; "
+                            "give a weight format: {valid:list}"),
+    "error.format_and_bytes": "{format_name}={format!r} and {bytes_name}={bytes!r}: give one",
     "error.no_peak": ("precision={precision!r} computes in {half}, which {gpu} has no peak for "
                       "(no {half} tensor cores); valid on {gpu}: {valid:list}"),
     "error.other": "{detail}",

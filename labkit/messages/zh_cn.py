@@ -57,8 +57,9 @@ CATALOGUE = {
     "refused.reshard": 'ZeRO-3 在前向之后保留已收集参数直到反向（reshard_after_forward=False）',
     "refused.ep_composed": '混合专家与数据并行、专家并行、ZeRO-1 以外技术的组合（模型含专家或 ep_size > 1，且 tp、pp 或 cp > 1、ZeRO-2/3、重计算或序列并行）',
     "plan.no_layout": "没有一种 (t, cp, p, N_d, b) 能同时整除 GPU 数和全局批次",
-    "serve.no_block": "t={tp_size}：权重放下之后，连一个 KV 块都放不下",
-    "serve.too_few_blocks": "t={tp_size}：只有 {num_blocks} 个块，不够一个请求使用",
+    "serve.ep": "（专家并行）",
+    "serve.no_block": "t={tp_size}{ep}：权重放下之后，连一个 KV 块都放不下",
+    "serve.too_few_blocks": "t={tp_size}{ep}：只有 {num_blocks} 个块，不够一个请求使用",
     "error.int": "{name:arg} = {value:val}：必须是不小于 {minimum} 的整数",
     "error.int_range": "{name:arg} = {value:val}：必须是 {minimum} 到 {maximum} 之间的整数",
     "error.choice": "{name:arg} 的取值 {value:val} 未知；可选：{choices:vals}",
@@ -85,7 +86,12 @@ CATALOGUE = {
     "error.sp_seq": "序列长度 {seq_len}：启用序列并行时必须能被 tp_size={tp_size} 整除（每个 rank 持有 seq_len / tp_size 个位置）",
     "error.seq_len_max": "seq_len={seq_len}：不能超过模型的 seq_len={max_len}（即其 max_position_embeddings）",
     "error.untrainable": "训练显存估算尚未建模：{missing:list}",
-    "error.windows": "{unmodelled:list}：服务估算把每层的缓存都限制在同一个窗口内，尚未建模各层窗口不同的情况",
+    "error.serving_experts": ("tp_size={tp_size}：必须整除 d_expert={d_expert}（每个专家按 t 切分），"
+                              "或者把专家整个分到各 rank 上（expert_parallel）"),
+    "error.expert_parallel": "expert_parallel=True：专家并行需要专家；这个模型是稠密模型（n_experts=0）",
+    "error.weight_format": ("weight_format={value!r}（配置文件的 quantization_config）尚未建模；"
+                            "请给出一种权重格式：{valid:list}"),
+    "error.format_and_bytes": "{format_name}={format!r} 与 {bytes_name}={bytes!r}：只能给出其中一个",
     "error.no_peak": ("精度“{precision:opt.precision}”以 {half} 计算，而 {gpu} 没有 {half} 张量核心，"
                       "也就没有 {half} 峰值；{gpu} 上可用的精度：{valid:opts.precision}"),
     "error.other": "labkit 拒绝了这组输入：{detail}",

@@ -18,7 +18,8 @@ from ..hf_config import FAMILIES, MULTIMODAL
 from ..shapes import PRESETS, ModelShape
 from .export import SERVING_ENGINES, TRAINING_ENGINES, export_best
 from .planner import RECOMPUTE, plan_training
-from .serving import plan_serving
+from .cli_serve import add_serve_arguments, serve_formats
+from .cli_serve import serve as _serve
 
 __all__ = ["main", "build_parser"]
 
@@ -31,6 +32,8 @@ EXAMPLES = """examples:
   python -m labkit.plan serve --model llama-3-8b --gpu a100-80gb --context-len 4096
   python -m labkit.plan serve --model llama-3-8b --gpu a100-80gb --context-len 4096 --emit vllm --out serve.args
   python -m labkit.plan serve --config path/to/config.json --gpu h100-sxm --num-gpus 8 --context-len 8192 --json
+  python -m labkit.plan serve --model mixtral-8x7b --gpu a100-80gb --context-len 4096 --weight-format fp8
+  python -m labkit.plan serve --model deepseek-v3 --gpu h200 --num-gpus 8 --context-len 8192 --kv-format fp8
   python -m labkit.plan --list-models
   python -m labkit.plan --list-gpus
 
@@ -100,15 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="plan a server", epilog=EXAMPLES,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(serve)
-    serve.add_argument("--num-gpus", type=int, default=1,
-                       help="GPUs serving the model: tensor-parallel groups of t, the rest replicas (default 1)")
-    serve.add_argument("--context-len", type=int,
-                       help="tokens of one request, prompt and output (at most the model's)")
-    serve.add_argument("--weight-bytes", type=int, default=2, help="bytes a weight (default 2: bf16 or fp16)")
-    serve.add_argument("--kv-bytes", type=int, default=2, help="bytes a cached key or value element (default 2)")
-    serve.add_argument("--block-size", type=int, default=16, help="tokens a KV block (default 16, vLLM's)")
-    serve.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                       help="share of the GPU's memory the server may use (default 0.9, vLLM's)")
+    add_serve_arguments(serve)
     _emit(serve, SERVING_ENGINES)
     return parser
 
@@ -153,8 +148,7 @@ def _assumed(args, shape, config: dict) -> list:
         out += [f"the weights stored as {shape.weight_format}, trained in --precision {args.precision}"
                 ] if shape.weight_format else []
     else:
-        stored = f" (stored as {shape.weight_format})" if shape.weight_format else ""
-        out.append(f"weights at --weight-bytes {args.weight_bytes}{stored}, KV at --kv-bytes {args.kv_bytes}")
+        out.append(serve_formats(args, shape))
     return out
 
 
@@ -195,13 +189,6 @@ def train_assumptions(args) -> list:
                                      "after the backward, not overlapped (--overlap-grad-reduce)"),
             "only what labkit runs" + (" and what it does not (--include-unrunnable)" if args.include_unrunnable
                                        else " (--include-unrunnable for the rest)")]
-
-
-def _serve(args, fail, shape):
-    _required(args, fail, ("context_len",))
-    return plan_serving(shape, gpu=args.gpu, num_gpus=args.num_gpus, context_len=args.context_len,
-                        weight_bytes=args.weight_bytes, kv_bytes=args.kv_bytes, block_size=args.block_size,
-                        gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def _as_flags(message: str, args) -> str:
@@ -257,7 +244,7 @@ def main(argv=None) -> int:
             print("\n".join(shape_lines(shape, f"{args.config} ({config.get('model_type', 'no model_type')})",
                                         assumed)))
     try:
-        result = (_train if args.command == "train" else _serve)(args, fail, shape)
+        result = _train(args, fail, shape) if args.command == "train" else _serve(args, fail, shape, _required)
     except ValueError as e:  # the library's checks name the argument; say it as the flag
         fail(_as_flags(str(e), args))
     shown = result.plans[:args.top]
@@ -269,6 +256,8 @@ def main(argv=None) -> int:
                           **({} if result.plans else {"reason": result.reason()})}, indent=1))
     elif shown:
         print((training_table if args.command == "train" else serving_table)(result, args.top))
+        if args.command == "serve" and config is None:
+            print(textwrap.fill(f"assumed: {serve_formats(args, shape)}", 80, subsequent_indent="  "))
         if args.command == "train":
             print(textwrap.fill("assumed: " + "; ".join(train_assumptions(args)), 80, subsequent_indent="  "))
     if not result.plans:

@@ -43,11 +43,12 @@ def training_table(result, top: int) -> str:
 
 
 def serving_table(result, top: int) -> str:
-    """Each tensor-parallel degree: blocks and tokens a GPU, requests a replica and in all."""
-    header = ["t", "replicas", "KV blocks/GPU", "tokens/GPU", "requests/replica", "requests", "bound"]
-    rows = [[p.tp_size, p.replicas, p.num_blocks, p.max_tokens, p.max_concurrency, p.total_concurrency, p.bound]
-            for p in result.plans[:top]]
-    return f"requests of {result.context_len} tokens served at once:\n" + table(header, rows)
+    """Each tensor-parallel degree (and expert parallelism, "ep": experts whole, E/t a GPU): the
+    weights a GPU holds, its KV blocks and tokens, requests a replica and in all."""
+    header = ["t", "ep", "replicas", "weights GB", "KV blocks", "tokens/GPU", "per replica", "requests", "bound"]
+    rows = [[p.tp_size, "on" if p.expert_parallel else "off", p.replicas, _gb(p.estimate.weights), p.num_blocks,
+             p.max_tokens, p.max_concurrency, p.total_concurrency, p.bound] for p in result.plans[:top]]
+    return f"requests of {result.context_len} tokens served at once:\n" + table(header, rows, sep=" ")
 
 
 def listing(models: bool, gpus: bool) -> str:
