@@ -13,6 +13,16 @@ second run reuses it), then, inside that environment:
    take blocks of 128 tokens). The rest of the budget (weights, profiling peak, memory outside
    PyTorch) is what the estimate assumes and vLLM measures on a GPU; a CPU cannot check it.
 
+3. **Megatron-LM's parser and memory model.** Megatron-LM's ``arguments.py`` and
+   ``theoretical_memory_usage.py`` ship in the megatron-core 0.19.2 wheel, which asks for Python
+   3.12. The wheel is downloaded (not installed: ``.megatron-0.19.2/``, kept) and its pure-Python
+   ``megatron.training`` run on the course's Python 3.11 and torch, with two stand-ins, each named
+   where it is set: ``typing.override`` from typing_extensions (new in 3.12), and the GPU
+   architecture ``validate_args`` asks a device for (9, Hopper). Its ``parse_args`` and
+   ``validate_args`` read what ``to_megatron`` emits for Chapter 9's worked cases (plus the
+   training loop's own ``--lr``, ``--train-iters`` and tokenizer), and its theoretical memory is
+   set beside ``training_memory``'s.
+
 Usage: ``python scripts/check_engines.py`` (about 15 minutes the first time, 3 afterwards).
 """
 
@@ -110,6 +120,81 @@ def inside(model_dir: str) -> dict:
     return out
 
 
+MEGATRON_WHEEL = "megatron-core==0.19.2"
+MEGATRON_DIR = ROOT / ".megatron-0.19.2"
+# Run in a child interpreter with the wheel's files first on sys.path: prints one JSON line.
+MEGATRON_CHILD = r"""
+import json, os, sys, typing
+import typing_extensions
+typing.override = typing_extensions.override  # stand-in: typing.override is new in Python 3.12
+os.environ.update(RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+import megatron.training.arguments as A
+from megatron.training import theoretical_memory_usage as T
+from megatron.training.vocab_utils import calculate_padded_vocab_size
+A.get_device_arch_version = lambda: 9  # stand-in: validate_args asks the GPU's architecture (Hopper)
+sys.argv = ["pretrain_gpt.py"] + json.loads(os.environ["MEGATRON_ARGS"])
+args = A.validate_args(A.parse_args())
+args.padded_vocab_size = calculate_padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by,
+                                                     args.tensor_model_parallel_size)
+m = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+_, act, _ = T.report_theoretical_memory(args, num_microbatches=m)
+out = {"tp": args.tensor_model_parallel_size, "pp": args.pipeline_model_parallel_size,
+       "dp": args.data_parallel_size, "cp": args.context_parallel_size,
+       "v": args.virtual_pipeline_model_parallel_size, "num_microbatches": m,
+       "weight_and_optimizer": T.compute_weight_and_optimizer_memory(args), "activation_mb": act}
+print("MEGATRON " + json.dumps(out))
+"""
+
+
+def megatron_cases() -> list:
+    """(name, RunConfig, shape, to_megatron's arguments) of Chapter 9's worked cases Megatron takes."""
+    import warnings
+
+    from labkit.parallel.config import RunConfig
+    from labkit.plan import plan_training
+    from labkit.plan.export import export_best, to_megatron
+    from labkit.shapes import PRESETS
+
+    warnings.simplefilter("ignore")
+    plans = plan_training("llama-3-70b", gpu="h100-sxm", num_gpus=64, seq_len=8192, global_batch=512).plans
+    i, x, _ = export_best(plans, "megatron", shape=PRESETS["llama-3-70b"])
+    # (Llama 3 405B's published layout, 126 layers on 16 stages, is one Megatron takes only as a
+    # --pipeline-model-parallel-layout, which to_megatron does not write: it refuses it by name.)
+    llama_7b = RunConfig(dp_size=16, tp_size=2, pp_size=2, micro_batch=1, num_microbatches=4, seq_len=4096,
+                         zero_stage=1, recompute="selective", sequence_parallel=True)
+    return [("llama-3-70b: the planner's best Megatron plan", plans[i].run, PRESETS["llama-3-70b"], x.config),
+            ("llama-2-7b: t = 2, p = 2, N_d = 16, selective, SP", llama_7b, PRESETS["llama-2-7b"],
+             to_megatron(llama_7b, shape=PRESETS["llama-2-7b"]))]
+
+
+def megatron_record() -> list:
+    """Megatron-LM 0.19.2's parser and theoretical memory on each case, beside labkit's estimate."""
+    from labkit.estimate import training_memory
+
+    site = MEGATRON_DIR / "site"
+    if not (site / "megatron" / "training" / "arguments.py").exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", MEGATRON_WHEEL, "--no-deps", "--python-version",
+                        "3.12", "--only-binary=:all:", "-d", MEGATRON_DIR], check=True)
+        wheel = next(MEGATRON_DIR.glob("megatron_core-0.19.2-*.whl"))
+        subprocess.run([sys.executable, "-m", "zipfile", "-e", wheel, site], check=True)
+    out = []
+    for name, run, shape, args in megatron_cases():
+        extra = ["--lr", "3e-4", "--train-iters", "10", "--tokenizer-type", "NullTokenizer"]
+        env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "WORLD_SIZE": str(run.world_size),
+               "MEGATRON_ARGS": json.dumps(list(args) + extra)}
+        child = subprocess.run([sys.executable, "-c", MEGATRON_CHILD], capture_output=True, text=True, env=env,
+                               timeout=600)
+        lines = [line for line in child.stdout.splitlines() if line.startswith("MEGATRON ")]
+        read = json.loads(lines[-1][9:]) if child.returncode == 0 and lines else \
+            {"error": (child.stderr or child.stdout).strip().splitlines()[-1][:300]}
+        est = training_memory(shape, run)
+        out.append({"name": name, "args": list(args), "read": read,
+                    "plan": {"tp": run.tp_size, "pp": run.pp_size, "dp": run.dp_size, "cp": run.cp_size,
+                             "v": run.v, "num_microbatches": run.num_microbatches},
+                    "labkit": {"states": est.params + est.grads + est.optimizer, "activations": est.activations}})
+    return out
+
+
 def save_tiny_llama(path: str) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -141,6 +226,38 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def megatron_report(cases: list) -> str:
+    lines = ["", "## Megatron-LM 0.19.2 reads `to_megatron`'s arguments", "",
+             f"From the {MEGATRON_WHEEL} wheel's `megatron/training` (Python 3.11, the two stand-ins of the script's "
+             "docstring), with `--lr 3e-4 --train-iters 10 --tokenizer-type NullTokenizer` added. "
+             "Megatron's theoretical memory is its own formula (its weight-and-optimizer bytes, and "
+             "Korthikanti et al.'s activations), not a measurement: it is set beside labkit's estimate, "
+             "not checked against it. MB = 2^20 bytes, GB = 10^9.", "",
+             "| case | degrees read (tp, pp, dp, cp, v; micro-batches) | as planned | Megatron: weights + optimizer "
+             "| labkit: model states | Megatron: activations | labkit: activations |", "|---|---|---|---|---|---|---|"]
+    for c in cases:
+        r, p, lab = c["read"], c["plan"], c["labkit"]
+        if "error" in r:
+            lines.append(f"| {c['name']} | refused: {r['error']} | | | | | |")
+            continue
+        got = (r["tp"], r["pp"], r["dp"], r["cp"], r["v"] or 1, r["num_microbatches"])
+        want = (p["tp"], p["pp"], p["dp"], p["cp"], p["v"], p["num_microbatches"])
+        lines.append(f"| {c['name']} | {got} | {'same' if got == want else f'planned {want}'} | "
+                     f"{r['weight_and_optimizer'] / 1e9:.2f} GB | {lab['states'] / 1e9:.2f} GB | "
+                     f"{r['activation_mb'] * 2**20 / 1e9:.2f} GB | {lab['activations'] / 1e9:.2f} GB |")
+    lines += ["", "Where the two counts part (read in `theoretical_memory_usage.py`):", "",
+              "- Weights and optimizer: Megatron's formula takes 6 + 12/N_d bytes a parameter under "
+              "`--use-distributed-optimizer` (18 without), 4-byte gradients whatever `--grad-reduce-in-bf16` "
+              "says; the plan counts 2 + 2 + 12/N_d, its gradients in bf16 as that flag keeps them.",
+              "- Activations: only with both `--sequence-parallel` and `--recompute-granularity selective` does "
+              "it take Korthikanti et al.'s Table 2, s b h (18 + 4 f/h) / t a layer (one MLP input matrix, not "
+              "SwiGLU's two); otherwise s b h (10 + 24/t), as if without sequence parallelism, whatever the "
+              "attention backend. labkit counts its own unfused Llama block, with the flash kernel's "
+              "log-sum-exp in place of the scores.",
+              "", "Arguments read:", ""] + [f"- {c['name']}: `{' '.join(c['args'])}`" for c in cases]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--inside":
         print("RESULT " + json.dumps(inside(sys.argv[2])))
@@ -158,7 +275,8 @@ def main() -> None:
     if run.returncode:
         sys.exit(f"vLLM's checks failed:\n{run.stderr[-4000:]}")
     result = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    text = report(result)
+    megatron = megatron_record()
+    text = report(result) + megatron_report(megatron)
     tmp_out = RESULTS.with_suffix(".md.tmp")
     tmp_out.write_text(text)
     tmp_out.replace(RESULTS)  # write, then rename
@@ -166,6 +284,8 @@ def main() -> None:
     keys = ("num_blocks", "max_tokens", "max_concurrency")
     bad = [s["tp"] for s in result["served"] if [s["vllm"][k] for k in keys] != [s["labkit"][k] for k in keys]]
     bad += [p["plan_tp"] for p in result["parsed"] if p["read"]["engine_config"] != "accepted"]
+    bad += [c["name"] for c in megatron if "error" in c["read"]
+            or (c["read"]["tp"], c["read"]["pp"], c["read"]["dp"]) != (c["plan"]["tp"], c["plan"]["pp"], c["plan"]["dp"])]
     if bad:
         sys.exit(f"vLLM disagrees with the plans at t = {bad}: see {RESULTS}")
 

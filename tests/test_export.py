@@ -89,9 +89,9 @@ def _expressed(engine: str, **options) -> list:
     out = []
     for name, plans in WORKED.items():
         try:
-            _, x, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine in ("megatron", "torchtitan")
+            i, x, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine in ("megatron", "torchtitan")
                                                     else options))
-            out.append((name, plans[0].run if hasattr(plans[0], "run") else plans[0], x.config))
+            out.append((name, plans[i].run if hasattr(plans[i], "run") else plans[i], x.config))  # the plan exported
         except ValueError as e:
             assert str(e).lower().find(engine[:4]) >= 0, e  # the refusal names the engine
     for i, run in enumerate(GRID):
