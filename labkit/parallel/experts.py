@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ..collectives import all_reduce_mean_, check_same_across_ranks
 from ..expert_parallel import apply_expert_parallel, check_ep_size
 from ..zero import ShardedOptimizer
+from .compose import experts_beyond
 from .dims import ParallelDims
 
 __all__ = ["ExpertDataParallel", "ExpertShardedOptimizer", "build_expert_groups", "check_experts_combination",
@@ -47,11 +48,7 @@ def check_experts_combination(model, dims, sequence_parallel, zero_stage, checkp
     if not has_experts:
         return
     check_ep_size(dims.ep_size, model.cfg.n_experts)
-    others = {"tp_size": dims.tp_size, "pp_size": dims.pp_size, "cp_size": dims.cp_size}
-    bad = [f"{k}={v}" for k, v in others.items() if v > 1]
-    bad += [f"zero_stage={zero_stage}"] if zero_stage > 1 else []
-    bad += [f"checkpoint={checkpoint!r}"] if checkpoint != "none" else []
-    bad += ["sequence_parallel=True"] if sequence_parallel else []
+    bad = experts_beyond(dims.tp_size, dims.pp_size, dims.cp_size, zero_stage, checkpoint, sequence_parallel)
     if bad:
         raise ValueError(f"a model with experts (n_experts={model.cfg.n_experts}) with {', '.join(bad)}: "
                          "experts compose here with data and expert parallelism and ZeRO-1 only; use "
