@@ -112,7 +112,7 @@ REFUSALS = [
      "kv_divides"),
     (lambda: PRESETS["llama-2-13b"].check_tp_size(3), "tp_divides"),
     (lambda: serving_memory("llama-3-8b", gpu="a100", tp_size=3), "serving_tp"),
-    (lambda: training_memory("deepseek-v3", seq_len=128, micro_batch=1), "untrainable"),
+    (lambda: training_memory("qwen3-32b", seq_len=128, micro_batch=1), "untrainable"),
     (lambda: plan_training("gpt2-small", gpu="t4", num_gpus=1, seq_len=1024, global_batch=8), "no_peak"),
     # a config.json pasted into a calculator (labkit.hf_config)
     (lambda: read_config_json('{"model_type": "llama",}'), "config_json"),
