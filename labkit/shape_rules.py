@@ -43,9 +43,8 @@ class ShapeProperties:
         al. 2021b, Appendix, with the head size a config gives; ``labkit.model.training_flops``
         documents the count and its checks). With experts, ``moe_layers`` of the layers run
         ``moe_token_flops`` a token in their MLP's place (``labkit.moe.analytic.training_step_flops``
-        passes them). MLA is refused."""
-        if getattr(self, "kv_lora_rank", 0):
-            raise ValueError(f"kv_lora_rank={self.kv_lora_rank}: step_flops does not model MLA yet")
+        passes them). MLA: its matrices (:meth:`mla_weights`) and scores q k^T over d_nope + d_rope,
+        p v over v_head_dim."""
         if getattr(self, "n_experts", 0) and not moe_token_flops:
             raise ValueError(f"n_experts={self.n_experts}: give moe_layers and moe_token_flops "
                              "(labkit.moe.analytic.training_step_flops counts a mixture of experts)")
@@ -55,10 +54,29 @@ class ShapeProperties:
         B, s, h, L, V = global_batch, self.seq_len, self.d_model, self.n_layer, self.vocab_size
         ahd = self.n_head * self.head_dim  # h, unless the config gives a head size
         weights = (2 * ahd + 2 * self.kv_heads * self.head_dim) * h  # W_q, W_o; W_k, W_v
+        scores = self.score_flops(B)
+        if getattr(self, "kv_lora_rank", 0):
+            weights = self.mla_weights()
         mlp = (3 if self.mlp in GATED else 2) * h * self.ffn_dim  # 8 h² for GPT-2's MLP
-        forward = L * (2 * B * s * weights + 4 * B * s * s * ahd) + (L - moe) * 2 * B * s * mlp
+        forward = L * (2 * B * s * weights + scores) + (L - moe) * 2 * B * s * mlp
         forward += moe * B * s * moe_token_flops
         return (4 if recompute else 3) * forward + 6 * B * s * h * V
+
+    def score_flops(self, global_batch: int) -> int:
+        """Forward FLOPs of one layer's attention core, q k^T and p v: 4 B s^2 a hd (MLA: 2 B s^2 a
+        (d_nope + d_rope + v_head_dim)); what selective recomputation runs again."""
+        B, s, a = check_int("global_batch", global_batch, 1), self.seq_len, self.n_head
+        if getattr(self, "kv_lora_rank", 0):
+            return 2 * B * s * s * a * (self.head_dim + self.v_head_dim)
+        return 4 * B * s * s * a * self.head_dim
+
+    def mla_weights(self) -> int:
+        """The matmul weights of one MLA attention (DeepSeek-V2 eq. 9-17): W^DQ and W^UQ, W^QR (or
+        W^Q, W^QR from h without q_lora_rank), W^DKV, W^KR, W^UK, W^UV and W^O; no norms."""
+        h, a, c, q = self.d_model, self.n_head, self.kv_lora_rank, self.q_lora_rank or 0
+        query = h * q + q * a * self.head_dim if q else h * a * self.head_dim
+        return query + h * (c + self.qk_rope_head_dim) + c * a * (self.qk_nope_head_dim + self.v_head_dim) \
+            + a * self.v_head_dim * h
 
     def stage_ranges(self, pp_size: int = 1, stage: int = 0, v: int = 1) -> list[tuple[int, int]]:
         """The layer ranges [start, stop) rank ``stage`` of ``pp_size`` holds: its v chunks, chunk

@@ -36,6 +36,12 @@ FAMILIES["mixtral"] = dict(FAMILIES["llama-gqa"], n_experts=4, experts_per_token
 FAMILIES["deepseek"] = dict(FAMILIES["llama-gqa"], n_experts=4, experts_per_token=2, d_expert=16, n_shared_experts=1,
                             first_dense_layers=1, router_score="sigmoid", router_bias=True, routed_scaling_factor=2.5)
 FAMILIES["mixtral-capacity"] = dict(FAMILIES["mixtral"], capacity_factor=1.0)  # tokens beyond C = ceil(N k / E) dropped
+# multi-head latent attention (labkit.mla), DeepSeek-V2-Lite's (a full-rank query) and DeepSeek-V3's
+# (a compressed query), the latter also with DeepSeek's experts: head sizes that differ from d_model / n_head
+_MLA = dict(n_kv_head=None, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=10)
+FAMILIES["mla"] = dict(FAMILIES["llama-gqa"], **_MLA)
+FAMILIES["mla-q-lora"] = dict(FAMILIES["mla"], q_lora_rank=20)
+FAMILIES["deepseek-mla"] = dict(FAMILIES["deepseek"], **_MLA, q_lora_rank=20)
 # labkit.estimate's precisions a plain torch optimizer runs: everything in one dtype
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

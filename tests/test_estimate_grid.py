@@ -40,6 +40,10 @@ capacity) and which its experts receive from the ep group depend on the routing,
 counts them and the comparison replaces the estimate's balanced rows with them
 (``labkit.estimate.experts.moe_layer_bytes``); everything else is the estimate's own.
 
+Multi-head latent attention (labkit.mla; with and without a compressed query, and with DeepSeek's
+experts), in one process: model states and activations to the byte, with every recomputation mode
+and in bf16. labkit runs MLA with one tensor-parallel rank: the estimator refuses more.
+
 The estimate's ``transient`` (logits, a gathered ZeRO-3 unit, a recomputed layer) is a peak
 above these and is not compared here.
 """
@@ -57,6 +61,7 @@ from labkit.estimate import ModelShape, training_memory
 from labkit.estimate.experts import moe_layer_bytes
 from labkit.memory import measure_forward_backward, measure_step
 from labkit.memory.analytic import activation_bytes
+from labkit.checkpoint import apply_checkpointing
 from labkit.model import GPTConfig, build_model
 from labkit.moe import moe_layers
 from labkit.runs.pipeline import make_batch
@@ -233,3 +238,39 @@ def test_experts_in_one_process_equal_the_meter_to_the_byte(family, precision):
     rows = [(layer.kept, layer.kept) for layer in moe_layers(model)]
     assert len(rows) == sum(ModelShape.from_config(cfg).is_moe_layer(i) for i in range(cfg.n_layer))
     assert activations == est.activations + routed_difference((family, (1, 1, 1), dict(precision=precision)), rows)
+
+
+# --- multi-head latent attention in one process: no launch ----------------------------------------
+
+@pytest.mark.parametrize("family, precision, checkpoint, batch", [
+    ("mla", "fp32", "none", GLOBAL_BATCH), ("mla", "bf16", "selective", 1), ("mla-q-lora", "fp32", "selective", GLOBAL_BATCH),
+    ("mla-q-lora", "bf16", "none", 1), ("mla-q-lora", "fp32", "full", GLOBAL_BATCH), ("deepseek-mla", "fp32", "none", GLOBAL_BATCH)])
+def test_mla_in_one_process_equals_the_meter_to_the_byte(family, precision, checkpoint, batch):
+    # batch 1 and 8: matmul keeps W^UV's output as a view at b = 1 and a copy of it otherwise
+    cfg, dtype = GPTConfig(**FAMILIES[family]), DTYPES[precision]
+    torch.manual_seed(0)
+    model = build_model(cfg, dtype=dtype)
+    if checkpoint != "none":
+        apply_checkpointing(model, policy=checkpoint)
+    x, y = make_batch(cfg, batch, 0)
+    est = training_memory(ModelShape.from_config(cfg), seq_len=cfg.seq_len, micro_batch=batch, recompute=checkpoint,
+                          precision=precision, optimizer="adamw")
+    got = measure_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), (x, y)).max_by_category
+    assert (got["parameters"], got["gradients"]) == (est.params, est.grads)
+    assert got["optimizer"] == est.optimizer + 4 * len(list(model.parameters()))  # Adam's `step`s, on the CPU
+    activations = measure_forward_backward(model, (x, y)).activations
+    # dropless and one process: every layer's experts run its N k rows, the estimate's own count
+    assert [layer.kept for layer in moe_layers(model)] == [cfg.seq_len * batch * cfg.experts_per_token] * sum(
+        ModelShape.from_config(cfg).is_moe_layer(i) for i in range(cfg.n_layer))
+    assert activations == est.activations
+
+
+def test_mla_with_what_labkit_does_not_run_is_refused_by_name():
+    shape = ModelShape.from_config(GPTConfig(**FAMILIES["mla"]))
+    for dims, arg, missing in (((1, 2, 1, 1, 1), "tp_size=2", "tensor-parallel MLA"),
+                               ((1, 1, 1, 2, 1), "cp_size=2", "context-parallel MLA")):
+        dp, tp, pp, cp, ep = dims
+        with pytest.raises(ValueError, match=arg) as err:
+            training_memory(shape, seq_len=16, micro_batch=1,
+                            dims=SimpleNamespace(dp_size=dp, tp_size=tp, pp_size=pp, cp_size=cp, ep_size=ep))
+        assert missing in err.value.fields["missing"]

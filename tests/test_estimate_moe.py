@@ -29,6 +29,7 @@ from labkit.shapes import ModelShape, preset
 LLAMA = dict(n_layer=3, d_model=32, n_head=4, n_kv_head=2, d_ff=48, vocab_size=64, seq_len=16, norm="rmsnorm",
              mlp="swiglu", pos="rope", tie_embeddings=False, bias=False)
 MIXTRAL = dict(LLAMA, n_experts=4, experts_per_token=2, d_expert=24)
+MLA = dict(LLAMA, n_kv_head=None, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=10)
 DEEPSEEK = dict(LLAMA, n_experts=4, experts_per_token=2, d_expert=16, n_shared_experts=1, first_dense_layers=1,
                 router_score="sigmoid", router_bias=True)
 
@@ -81,7 +82,10 @@ def test_a_capacity_bounds_the_rows_and_the_bytes():
     (lambda: training_memory(GPTConfig(**MIXTRAL), run=RunConfig(seq_len=16, kernels="fused")), ["kernels='fused'"]),
     (lambda: training_memory("qwen1.5-moe-a2.7b", seq_len=64, micro_batch=1), ["shared-expert gate"]),
     (lambda: training_memory("gpt-oss-20b", seq_len=64, micro_batch=1), ["expert biases", "attention sinks"]),
-    (lambda: training_memory("deepseek-v3", seq_len=64, micro_batch=1), ["MLA"]),
+    (lambda: training_memory(GPTConfig(**MLA), seq_len=16, micro_batch=1, dims=RunConfig(tp_size=2).dims),
+     ["kv_lora_rank=12", "tp_size=2", "tp_size=1"]),
+    (lambda: plan_training("deepseek-v3", gpu="h100-sxm", num_gpus=2048, seq_len=4096, global_batch=15360,
+                           context_parallel=(1, 2)), ["context_parallel=(1, 2)", "MLA", "(1,)"]),
     (lambda: training_memory(GPTConfig(**LLAMA), seq_len=16, micro_batch=1, capacity_factor=1.0),
      ["capacity_factor=1.0", "none"]),
     (lambda: training_memory(GPTConfig(**MIXTRAL), seq_len=16, micro_batch=1, capacity_factor=0),

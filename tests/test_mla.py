@@ -162,3 +162,19 @@ def test_the_serving_engine_serves_an_mla_model_the_tokens_of_plain_generation()
     for rid, req in enumerate(trace):
         want = generate(model, torch.tensor([req.prompt]), req.max_new_tokens, use_cache=False)
         assert result.outputs[rid] == want[0, len(req.prompt):].tolist(), rid
+
+
+@pytest.mark.parametrize("extra", [{}, {"q_lora_rank": 6},
+                                   {"q_lora_rank": 6, "n_experts": 4, "experts_per_token": 2, "first_dense_layers": 1}],
+                         ids=["full-rank-query", "q-lora", "q-lora-experts"])
+def test_training_flops_equal_the_counted_flops_of_an_mla_step(extra):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from labkit.model import training_flops
+    cfg = GPTConfig(**{**MLA, **extra})
+    torch.manual_seed(0)
+    model, x = build_model(cfg), torch.randint(0, 64, (2, cfg.seq_len))
+    with FlopCounterMode(display=False) as counter:
+        model(x, x).backward()
+    # counted by torch, not by the formula; dropless experts: every token runs its k
+    assert counter.get_total_flops() == training_flops(cfg, 2)

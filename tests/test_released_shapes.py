@@ -194,7 +194,8 @@ def test_serving_counts_every_expert_and_mla_cache():
 
 
 @pytest.mark.parametrize("name, words", [
-    ("deepseek-v3", ["MLA"]), ("qwen3-32b", ["head size", "qk-norm"]), ("gpt-oss-20b", ["expert biases"]),
+    ("qwen1.5-moe-a2.7b", ["shared-expert gate"]), ("qwen3-32b", ["head size", "qk-norm"]),
+    ("gpt-oss-20b", ["expert biases"]),
 ])
 def test_training_refuses_what_it_does_not_model_by_name(name, words):
     for call in (lambda: plan_training(name, gpu="h100-sxm", num_gpus=8, seq_len=4096, global_batch=8),
@@ -202,8 +203,6 @@ def test_training_refuses_what_it_does_not_model_by_name(name, words):
         with pytest.raises(ValueError) as err:
             call()
         assert all(w in str(err.value) for w in words), str(err.value)
-    with pytest.raises(ValueError, match="kv_lora_rank"):
-        preset("deepseek-v3").step_flops(1)
     assert training_memory("qwen2.5-7b", seq_len=64, micro_batch=1).params > 0  # q/k/v biases: modelled
 
 
@@ -229,7 +228,7 @@ def test_cli_says_what_it_read_and_refuses_by_name(tmp_path, capsys):
     assert all(len(line) <= 80 for line in out.splitlines()[1:])  # after the path given
     code, out, err = _cli(tmp_path, capsys, _config("deepseek-v3"), "train", "--gpu", "h100-sxm",
                           "--num-gpus", "64", "--global-batch", "64", "--seq-len", "4096")
-    assert code == 2 and "experts" in err and "MLA" in err
+    assert code == 1 and "nothing fits" in err  # 671 B parameters on 64 GPUs: sized, and too big
     assert f"{preset('deepseek-v3').num_params() / 1e9:.2f}B parameters" in out
     assert "multi-token-prediction" in out and "MLA (cache 576 a token a layer)" in out
     # training has no default length: not the config's max_position_embeddings, planned unsaid

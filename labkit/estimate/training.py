@@ -24,6 +24,7 @@ from ..validate import ArgumentError, check_bool, check_choice, check_int
 from ..zero.analytic import STAGES
 from .experts import (DENSE_MLP, check_experts_trainable, moe_layer_bytes, rank_layer_params, rank_params,
                       rank_model_states, zero_model_state_bytes)
+from .latent import check_mla_trainable, replace_attention_terms
 from .report import breakdown
 
 __all__ = ["MemoryEstimate", "training_memory", "layer_activation_bytes", "PRECISIONS", "OPTIMIZERS", "as_shape",
@@ -36,7 +37,7 @@ PRECISIONS = {"bf16-mixed": ("mixed", 2), "fp16-mixed": ("mixed", 2),
 OPTIMIZERS = ("adamw", "adam", "sgd_momentum", "sgd")
 # What the activation count models of the features beyond labkit's block (ModelShape.features):
 # biases and windows leave the tensors a layer keeps unchanged. Any other is refused by name.
-TRAINING_MODELS = ("q/k/v biases", "output bias", "per-layer windows", "chunked attention", "experts")
+TRAINING_MODELS = ("q/k/v biases", "output bias", "per-layer windows", "chunked attention", "experts", "MLA")
 # What labkit's MoE block (labkit.moe.MoE) does not have, by name: refused
 _UNMODELLED_EXPERTS = (("shared-expert gate", "shared_gate"), ("expert biases", "expert_bias"))
 
@@ -86,8 +87,8 @@ def as_shape(shape) -> ModelShape:
 
 def check_trainable(shape: ModelShape) -> ModelShape:
     """``shape`` if the training estimate models every feature it has, else a ValueError naming
-    those it does not (MLA, a head size not d_model / n_head, extra norms, a shared expert's gate,
-    ...): the activations it counts are those of labkit's block and its MoE block."""
+    those it does not (a head size not d_model / n_head, extra norms, a shared expert's gate,
+    ...): the activations it counts are those of labkit's block, its MoE block and its MLA."""
     missing = [f for f in shape.features() if f not in TRAINING_MODELS]
     missing += [name for name, field in _UNMODELLED_EXPERTS if getattr(shape, field)]
     if missing:
@@ -110,7 +111,9 @@ def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp
     activations, 1-byte dropout masks: Megatron's kernels), the Llama block's terms otherwise,
     labkit's or under fused kernels (``kernels``); ``attention="flash"``: no scores, a fp32
     log-sum-exp per row and head instead. ``moe``: a MoE layer, its MLP's terms
-    :func:`labkit.estimate.experts.moe_layer_bytes`' (``ep_size``, ``capacity_factor``)."""
+    :func:`labkit.estimate.experts.moe_layer_bytes`' (``ep_size``, ``capacity_factor``); MLA
+    (``shape.kv_lora_rank``): its attention's terms :func:`labkit.estimate.latent.mla_layer_bytes`'."""
+    check_mla_trainable(shape, tp_size=tp_size, kernels=kernels)
     if shape.norm == "layernorm" and shape.mlp == "gelu":
         e = dtype_bytes / 2  # Korthikanti's formula counts 2-byte activations
         flash = attention == "flash" and recompute == "none"
@@ -122,6 +125,8 @@ def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp
     terms = count(seq_len, micro_batch, shape.d_model, shape.n_head, shape.kv_heads, shape.ffn_dim,
                   dtype_bytes=dtype_bytes, tp_size=tp_size, sequence_parallel=sequence_parallel,
                   recompute=recompute, attention=attention)
+    terms = replace_attention_terms(terms, shape, seq_len, micro_batch, dtype_bytes=dtype_bytes, recompute=recompute,
+                                    attention=attention)
     if check_bool("moe", moe) and recompute != "full":  # the experts in place of the dense MLP
         del terms[DENSE_MLP]
         terms.update(moe_layer_bytes(shape, seq_len, micro_batch, dtype_bytes=dtype_bytes, ep_size=ep_size,
@@ -159,6 +164,7 @@ def training_memory(shape, run=None, *, stage: int | None = None, **knobs) -> Me
     shape = check_trainable(as_shape(shape))
     run = _as_run(run, knobs).check(shape)
     check_experts_trainable(shape, run)
+    check_mla_trainable(shape, tp_size=run.tp_size, cp_size=run.cp_size, kernels=run.kernels)
     if stage is not None:
         return _stage_estimate(shape, check_int("stage", stage, 0, run.pp_size - 1), run)
     per_stage = [_stage_estimate(shape, st, run) for st in sorted({0, run.pp_size - 1})]

@@ -178,8 +178,9 @@ def _train(args, fail, shape):
                          overlap_grad_reduce=args.overlap_grad_reduce, include_unrunnable=args.include_unrunnable)
 
 
-def train_assumptions(args) -> list:
-    """What a training plan assumes beyond the flags given: the kernel, the network, the overlap."""
+def train_assumptions(args, shape=None) -> list:
+    """What a training plan assumes beyond the flags given: the kernel, the network, the overlap,
+    and for ``shape`` with experts or MLA the one tensor-parallel degree weighed (t = 1)."""
     g = get_gpu(args.gpu)
     net = (f"network {args.network_gbps:g} GB/s a GPU (--network-gbps)" if args.network_gbps is not None
            else f"network {g.network_gbps:g} GB/s a GPU ({g.name}'s reference cluster; --network-gbps)")
@@ -188,7 +189,16 @@ def train_assumptions(args) -> list:
             "gradient reduction " + ("under the backward" if args.overlap_grad_reduce else
                                      "after the backward, not overlapped (--overlap-grad-reduce)"),
             "only what labkit runs" + (" and what it does not (--include-unrunnable)" if args.include_unrunnable
-                                       else " (--include-unrunnable for the rest)")]
+                                       else " (--include-unrunnable for the rest)")] + _one_tp(shape)
+
+
+def _one_tp(shape) -> list:
+    """Why a model with experts or MLA is planned with t = 1 only (``labkit.plan.sweep.layouts``)."""
+    why = [name for name, present in (("experts", shape is not None and shape.n_experts),
+                                      ("MLA", shape is not None and shape.kv_lora_rank)) if present]
+    return [f"t = 1 only ({' and '.join(why)}: the estimate models them on one tensor-parallel rank; "
+            "no context parallelism with MLA)" if "MLA" in why else
+            "t = 1 only (experts: the estimate models them on one tensor-parallel rank)"] if why else []
 
 
 def _as_flags(message: str, args) -> str:
@@ -251,7 +261,7 @@ def main(argv=None) -> int:
     if getattr(args, "emit", None) and result.plans:
         return _emit_config(args, fail, result, shape, read)
     if args.json:
-        assumed = {"assumed": train_assumptions(args)} if args.command == "train" else {}
+        assumed = {"assumed": train_assumptions(args, shape)} if args.command == "train" else {}
         print(json.dumps({**result.to_dict(), "plans": [p.to_dict() for p in shown], **read, **assumed,
                           **({} if result.plans else {"reason": result.reason()})}, indent=1))
     elif shown:
@@ -259,7 +269,7 @@ def main(argv=None) -> int:
         if args.command == "serve" and config is None:
             print(textwrap.fill(f"assumed: {serve_formats(args, shape)}", 80, subsequent_indent="  "))
         if args.command == "train":
-            print(textwrap.fill("assumed: " + "; ".join(train_assumptions(args)), 80, subsequent_indent="  "))
+            print(textwrap.fill("assumed: " + "; ".join(train_assumptions(args, shape)), 80, subsequent_indent="  "))
     if not result.plans:
         print(f"nothing fits: {result.reason()}", file=sys.stderr)
         return 1

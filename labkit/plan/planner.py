@@ -19,7 +19,8 @@ from ..parallel.compose import refusal_key, refusal_text, runnable_reason
 from ..parallel.config import RunConfig
 from ..validate import ArgumentError, check_bool, check_choice, check_float, check_int, check_positive
 from ..zero.analytic import zero_allowed
-from .sweep import check_ep_degrees, cp_degrees, ep_degrees, flops_of, layouts, pipeline_choices, training_memory
+from .sweep import (check_ep_degrees, cp_degrees, ep_degrees, flops_of, layouts, mla_cp_degrees, pipeline_choices,
+                    training_memory)
 from .steptime import StepTime, step_flops, step_time
 
 __all__ = ["TrainingPlan", "TrainingPlans", "Overflow", "overflow_term", "plan_training", "RECOMPUTE", "TERMS"]
@@ -209,7 +210,7 @@ def plan_training(shape, *, gpu, num_gpus: int, gpus_per_node: int = 8, seq_len:
     _check_options(precision=precision, optimizer=optimizer, attention=attention, even_stages=even_stages,
                    include_infeasible=include_infeasible, stepwise=stepwise, overlap_grad_reduce=overlap_grad_reduce,
                    include_unrunnable=include_unrunnable, nvlink_gbps=nvlink_gbps, network_gbps=network_gbps)
-    cps = cp_degrees(seq_len, num_gpus, context_parallel)
+    cps = mla_cp_degrees(shape, cp_degrees(seq_len, num_gpus, context_parallel), context_parallel)
     shape = shape.replace(seq_len=seq_len) if shape.seq_len != seq_len else shape
     base = RunConfig(seq_len=seq_len, precision=precision, optimizer=optimizer, attention=attention,
                      overlap_grad_reduce=overlap_grad_reduce)

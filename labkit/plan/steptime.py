@@ -95,12 +95,13 @@ class StepTime:
 
 def step_flops(flops, shape, global_batch: int, recompute: str) -> tuple[float, float]:
     """(model FLOPs, FLOPs run) of one step: ``flops(shape, batch, recompute=bool)`` counts the
-    matmuls; selective recomputation adds the attention core's 4 B s^2 h a layer."""
+    matmuls; selective recomputation adds the attention core's (4 B s^2 h a layer;
+    ``ShapeProperties.score_flops``)."""
     model = flops(shape, global_batch)
     if recompute == "full":
         return model, flops(shape, global_batch, recompute=True)
     if recompute == "selective":
-        return model, model + shape.n_layer * 4 * global_batch * shape.seq_len ** 2 * shape.d_model
+        return model, model + shape.n_layer * shape.score_flops(global_batch)
     return model, model
 
 

@@ -15,9 +15,9 @@ from ..expert_parallel.analytic import check_ep_size
 from ..moe.analytic import training_step_flops
 from ..parallel.dims import ParallelDims
 from ..pipeline.analytic import default_schedule, interleave_allowed
-from ..validate import check_int
+from ..validate import ArgumentError, check_int
 
-__all__ = ["Dims", "CP_MIN_SEQ_LEN", "cp_degrees", "ep_degrees", "layouts", "pipeline_choices", "flops_of",
+__all__ = ["Dims", "CP_MIN_SEQ_LEN", "cp_degrees", "mla_cp_degrees", "ep_degrees", "layouts", "pipeline_choices", "flops_of",
            "training_memory"]
 
 CP_MIN_SEQ_LEN = 16384  # the sequence length from which the planner weighs cp > 1 by default
@@ -69,6 +69,17 @@ def cp_degrees(seq_len: int, num_gpus: int, context_parallel=None) -> tuple[int,
     return tuple(sorted(set(degrees)))
 
 
+def mla_cp_degrees(shape, cps: tuple, context_parallel) -> tuple:
+    """``cps``, or (1,) for a model with MLA, whose ring attention labkit does not run (the
+    estimate refuses it): a cp > 1 asked for is refused by name."""
+    if not shape.kv_lora_rank or cps == (1,):
+        return cps
+    if context_parallel is not None:
+        raise ArgumentError(f"context_parallel={tuple(context_parallel)!r} with MLA (kv_lora_rank={shape.kv_lora_rank}): "
+                            "labkit's ring attention is CausalSelfAttention's; use (1,)")
+    return (1,)
+
+
 def ep_degrees(shape, dp: int, expert_parallel=None) -> tuple[int, ...]:
     """The expert-parallel degrees the planner weighs on ``dp`` data-parallel ranks: those of
     ``expert_parallel`` (None: every degree) that divide both dp and the routed experts E
@@ -106,10 +117,12 @@ def layouts(shape, num_gpus: int, gpus_per_node: int, even_stages: bool = False)
     """(t, p, N_d) with t p N_d = num_gpus: t divides n_head, n_kv_head, d_ff and gpus_per_node (a
     tensor group stays in a node); p is at most n_layer (stages of unequal layer counts when p does
     not divide it: the estimator sizes the most loaded; ``even_stages``: p divides n_layer). With
-    experts, t = 1: the estimate does not model tensor-parallel experts (labkit shards them over ep)."""
+    experts, t = 1: the estimate does not model tensor-parallel experts (labkit shards them over ep);
+    with MLA, t = 1: labkit's tensor parallelism splits ``CausalSelfAttention`` only."""
     out = []
     for t in _divisors(shape.n_head):
-        if shape.kv_heads % t or shape.ffn_dim % t or gpus_per_node % t or num_gpus % t or (shape.n_experts and t > 1):
+        if (shape.kv_heads % t or shape.ffn_dim % t or gpus_per_node % t or num_gpus % t
+                or ((shape.n_experts or shape.kv_lora_rank) and t > 1)):
             continue
         out += [(t, p, num_gpus // (t * p)) for p in _divisors(num_gpus // t)
                 if p <= shape.n_layer and not (even_stages and shape.n_layer % p)]
