@@ -119,6 +119,14 @@ def test_every_chapter_has_a_figure(chapter):
         assert (ROOT / "chapters" / path).is_file(), f"{chapter}.md: {path} does not exist"
 
 
+def test_each_bibliography_key_is_defined_once():
+    """Two entries under one key (two branches adding the same paper) make the bibliography
+    unreadable past them: the build then misses keys defined after, far from the cause."""
+    keys = re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(encoding="utf-8"), re.M)
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    assert not twice, f"references.bib defines {twice} more than once"
+
+
 def test_build_fails_on_a_warning(tmp_path):
     """A dangling cross-reference must fail the build (warnings are errors). The book here is the
     real configuration with one page, which builds cleanly but for the dangling reference."""
