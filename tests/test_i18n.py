@@ -203,8 +203,35 @@ def test_each_forbidden_variant_is_rejected(tmp_path):
     clean = _catalogue(tmp_path / "clean", [
         ("x", "在 64 张 GPU 上，峰值增至原来的 2 倍，每个节点一个 GPU 集群；用显存计量器测量。"),
         ("y", "调用 `bucket_size(x)` 与 `\"dp\"`；$M_\\text{et al}$；突破 GPU 内存墙。"),
-        ("z", "速度最高可达 Hugging Face 实现的 3 倍，序列条数减为 1/16。")])
+        ("z", "速度最高可达 Hugging Face 实现的 3 倍，序列条数减为 1/16。"),
+        ("w", "即使系统预先知道每个请求的确切长度。")])
     assert i18n.forbidden_problems(clean) == []
+
+
+def test_the_review_s_sample_is_judged_and_its_variants_are_gone():
+    """scripts/zh_review.py: the review's 283 sampled messages (../shared/reviews/zh.md, Appendix
+    A, at 0766ae6) reproduce its verdict table; each whose translation or English changed, or
+    that it judged other than OK, has a verdict pinned to today's translation; the term variants
+    it asked to remove count 0 in every catalogue. A changed translation needs a new verdict."""
+    review = _load("zh_review", ROOT / "scripts" / "zh_review.py")
+    try:
+        old = review.old_catalogues()
+    except Exception as error:  # a shallow clone has no 0766ae6
+        pytest.skip(f"the reviewed commit {review.REVIEWED} is not in this clone: {error}")
+    new = review.new_catalogues()
+    items = review.sample(old, new)
+    before, after = review.load_verdicts()
+    assert len(items) == 283
+    problems = review.judge(items, before, after) + review.review_table_problems(items, old)
+    problems += review.term_problems(review.count_terms(new), review.markup_counts(new))
+    assert not problems, "\n".join(problems)
+    assert {it["after"] for it in items} <= set(review.KINDS)
+    judged = next(it for it in items if (it["catalogue"], it["index"]) in after)
+    unjudged = next(it for it in items if (it["catalogue"], it["index"]) not in after)
+    for it in (judged, unjudged):  # a translation edited since: its verdict must be given again
+        it["zh_now"] = (it["zh_now"] or "") + "。"
+    again = review.judge([judged, unjudged], before, after)
+    assert len([p for p in again if "translation" in p]) == 2, again
 
 
 def test_no_translation_that_sphinx_would_drop(tmp_path):
