@@ -9,10 +9,10 @@
 The sample is the review's Appendix A: in each catalogue of 0766ae6 (read with ``git show``), the
 messages with a non-empty msgid in file order, indices floor(j * n / m). Each sampled message is
 followed to the current catalogue: the same msgid, else (its English changed or left) the new
-message that shares most of its words, stated as such, or none (gone). Before: the review's verdict (Appendix B;
-the rest OK). After: the verdicts in scripts/results/zh_review_verdicts.json, each pinned to the
-translation it judged (sha1); a sampled message with no verdict counts OK only if its translation is
-byte-identical to the one the review judged OK. The term table counts, over every msgstr of every
+message that shares most of its words, stated as such, or none (GONE). Before: the review's
+verdict (Appendix B; the rest OK). After: the verdicts in scripts/results/zh_review_verdicts.json,
+each pinned to the translation it judged (sha1); a sampled message with no verdict counts OK only
+if its translation is byte-identical to the one the review judged OK. The term table counts, over every msgstr of every
 catalogue then and now, the variants of the review's section 3 and the countable markup of section
 5; the variants the glossary forbids (locales/zh_CN/GLOSSARY.md) must count 0 now.
 """
@@ -182,6 +182,9 @@ def judge(items: list[dict], before: dict, after: dict) -> list[str]:
         if line != it["line"]:
             problems.append(f"{key}: the review's line {line} is not the sample's {it['line']}")
         entry = after.get(key)
+        if it["zh_now"] is None and entry is None:  # nothing left to judge: a fact, not a verdict
+            it["after"], it["after_why"] = "GONE", it["how"]
+            continue
         unchanged = it["zh_now"] == it["zh_then"] and it["en_now"] == it["en"]
         if entry is None:
             if unchanged and it["before"] == "OK":
@@ -343,7 +346,7 @@ def markup_counts(catalogues: dict[str, list]) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- report
 def _counts(c: Counter) -> str:
-    return " / ".join(str(c[k]) for k in KINDS)
+    return " / ".join(str(c[k]) for k in KINDS) + (f" ({c['GONE']} gone)" if c["GONE"] else "")
 
 
 def report(items: list[dict], terms: tuple[list[int], list[int]],
