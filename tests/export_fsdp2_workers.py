@@ -4,10 +4,14 @@ tiny Llama with torchtitan's module names, one training step, against the same m
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from labkit.runs.tensor_parallel_ref import roundoff, roundoff_named
+from labkit.runs.zero_reference import adam_agreement
 
 VOCAB, D, HEADS, FF, LAYERS = 64, 32, 4, 64, 2
 
@@ -60,13 +64,24 @@ class TinyLlama(nn.Module):
         return self.output(self.norm(x))
 
 
-def _step(model, tokens):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    logits = model(tokens[:, :-1])
-    loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1))
-    loss.backward()
+LR = 1e-2
+
+
+def _loss(model, tokens):
+    logits = model(tokens[:, :-1])  # bf16 logits are taken in fp32, float64 ones stay float64
+    return F.cross_entropy(logits.reshape(-1, VOCAB).to(torch.promote_types(logits.dtype, torch.float32)),
+                           tokens[:, 1:].reshape(-1))
+
+
+def _step(model, tokens, pieces: int = 1):
+    """One AdamW step on ``tokens``, the batch's mean loss taken whole or as ``pieces`` equal parts
+    (the same loss summed in another order: the reference's own round-off)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = [_loss(model, part) / pieces for part in tokens.chunk(pieces)]
+    for loss in losses:
+        loss.backward()
     opt.step()
-    return loss.detach().float()
+    return sum(loss.detach() for loss in losses)
 
 
 def run_emitted(rank: int, world_size: int, script: str) -> dict:
@@ -79,7 +94,9 @@ def run_emitted(rank: int, world_size: int, script: str) -> dict:
     tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
     model = TinyLlama()
     model.load_state_dict(reference.state_dict())
-    ref_loss = _step(reference, tokens)
+    reference64, other = copy.deepcopy(reference).double(), copy.deepcopy(reference)
+    ref_loss, ref_loss64 = _step(reference, tokens), _step(reference64, tokens)
+    _step(other, tokens, pieces=2)
     namespace = {}
     exec(compile(script, "<to_fsdp2>", "exec"), namespace)
     model, mesh = namespace["parallelize"](model, device_type="cpu")
@@ -88,11 +105,14 @@ def run_emitted(rank: int, world_size: int, script: str) -> dict:
     loss = tracked.pop("loss")
     local = sum(_local(p).numel() for p in model.parameters())
     after = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach() for n, p in model.named_parameters()}
-    ref_after = {n: p.detach() for n, p in reference.named_parameters()}
-    step_err = max(float((after[n] - ref_after[n.replace("_checkpoint_wrapped_module.", "")]).abs().max())
-                   for n in after)
+    after = {n.replace("_checkpoint_wrapped_module.", ""): p for n, p in after.items()}
+    # the step judged against the reference stepped again in another summation order
+    # (labkit.runs.zero_reference.adam_agreement); the loss against float64, floored by fp32's own error
+    step = adam_agreement({n: p.float() for n, p in after.items()}, dict(reference.named_parameters()), LR,
+                          dict(other.named_parameters()))
     return {"loss": float(loss), "ref_loss": float(ref_loss), "local_params": local,
-            "params": sum(p.numel() for p in reference.parameters()), "mesh": list(mesh.shape), "step_err": step_err,
+            "loss_roundoff": roundoff(loss.double(), ref_loss, ref_loss64),
+            "params": sum(p.numel() for p in reference.parameters()), "mesh": list(mesh.shape), "step": step,
             **tracked}
 
 
@@ -163,8 +183,11 @@ def run_emitted_pipeline(rank: int, world_size: int, script: str) -> dict:
     reference = TinyLlama()
     tokens = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(1))
     x, y = tokens[:, :-1], tokens[:, 1:]
+    reference64 = copy.deepcopy(reference).double()
     ref_loss = F.cross_entropy(reference(x).reshape(-1, VOCAB), y.reshape(-1))
     ref_loss.backward()
+    ref_loss64 = F.cross_entropy(reference64(x).reshape(-1, VOCAB), y.reshape(-1))
+    ref_loss64.backward()
     namespace = {}
     exec(compile(script, "<to_fsdp2>", "exec"), namespace)
     model = TinyLlama()
@@ -182,9 +205,13 @@ def run_emitted_pipeline(rank: int, world_size: int, script: str) -> dict:
     else:
         schedule.step(target=y, losses=losses)
     m = namespace["NUM_MICROBATCHES"]
-    ref = dict(reference.named_parameters())
+    ref, ref64 = dict(reference.named_parameters()), dict(reference64.named_parameters())
     names = {n: p for n, p in model.named_parameters() if any(p is q for q in stage.parameters())}
-    # each micro-batch's loss is its own mean, and the schedule divides the summed gradients by m
-    grad_err = max(float((p.grad - ref[n].grad).abs().max()) for n, p in names.items())
-    return {"loss": float(sum(losses).detach() / m) if losses else None, "ref_loss": float(ref_loss.detach()),
-            "grad_err": grad_err, "mesh": list(mesh.shape), "stages": len(names)}
+    # each micro-batch's loss is its own mean, and the schedule divides the summed gradients by m:
+    # (error against float64, fp32's own error there) of every gradient, each relative to its size
+    grads = roundoff_named({n: p.grad for n, p in names.items()}, {n: ref[n].grad for n in names},
+                           {n: ref64[n].grad for n in names})
+    loss = sum(losses).detach() / m if losses else None
+    return {"loss": None if loss is None else float(loss), "ref_loss": float(ref_loss.detach()),
+            "loss_roundoff": None if loss is None else roundoff(loss.double(), ref_loss.detach(), ref_loss64.detach()),
+            "grads": grads, "mesh": list(mesh.shape), "stages": len(names)}

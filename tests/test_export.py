@@ -225,8 +225,12 @@ def test_fsdp2_script_trains_like_the_unsharded_model(run, exact):
         if run.dp_size > 1:  # fully_shard ran: torch's own tracker sees the same bytes
             assert r["tracker"] == {"Sharded Param": got[0], "Sharded Grad": got[1],
                                     "OptState": got[2] + r["step_bytes"]}, r
-        if exact:  # fp32: only the reduction order differs from the unsharded step
-            assert abs(r["loss"] - r["ref_loss"]) < 1e-5 and r["step_err"] < 1e-5, r
+        if exact:  # fp32: only the reduction order differs from the unsharded step, so the loss is
+            # within 4 x the unsharded fp32 loss's own error against float64 and the step within
+            # 4 x the unsharded step's distance from itself summed in another order (both measured here)
+            err, floor = r["loss_roundoff"]
+            assert err <= 4 * floor, r
+            assert r["step"]["ok"] and r["step"]["names_match"], r["step"]
         else:  # bf16 compute: the loss within bf16's rounding of the fp32 one
             assert abs(r["loss"] - r["ref_loss"]) < 1e-2 * r["ref_loss"], r
 
@@ -370,5 +374,9 @@ def test_fsdp2_script_pipeline_matches_the_whole_model(m):
     assert run.schedule == {2: "1f1b", 1: "gpipe"}[m]
     first, last = launch(run_emitted_pipeline, 2, to_fsdp2(run), backend="gloo", timeout_s=60)
     assert first["mesh"] == last["mesh"] == [2, 1, 1] and first["stages"] + last["stages"] == 21
-    assert abs(last["loss"] - last["ref_loss"]) < 1e-5
-    assert first["grad_err"] < 1e-5 and last["grad_err"] < 1e-5, (first, last)
+    # judged against the run's round-off: the unsharded fp32 model's own error against float64
+    err, floor = last["loss_roundoff"]
+    assert err <= 4 * floor, last
+    for r in (first, last):
+        err, floor = r["grads"]
+        assert err <= 4 * floor, r
