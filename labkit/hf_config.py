@@ -102,8 +102,9 @@ def shape_fields(config: dict) -> dict:
         _refuse_unknown(config, _WRAPPER, model_type)
         text = config.get("text_config")
         if not isinstance(text, dict) or text.get("model_type") != MULTIMODAL[model_type]:
-            raise ValueError(f"model_type={model_type!r} needs a text_config of model_type "
-                             f"{MULTIMODAL[model_type]!r}: its language model is what is read")
+            raise ArgumentError(f"model_type={model_type!r} needs a text_config of model_type "
+                                f"{MULTIMODAL[model_type]!r}: its language model is what is read",
+                                "config_text", model_type=model_type, text_type=MULTIMODAL[model_type])
         source = (f"the language model (text_config) of a {model_type} config.json; "
                   "its vision encoder and projector are not counted")
         config, model_type = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text}, \
@@ -165,7 +166,8 @@ def _weight_format(c: dict) -> dict:
     if q is None:
         return {}
     if not isinstance(q, dict) or not isinstance(q.get("quant_method"), str):
-        raise ValueError(f"quantization_config={q!r} must be a dict with a 'quant_method' string")
+        raise ArgumentError(f"quantization_config={q!r} must be a dict with a 'quant_method' string",
+                            "config_quantization", value=q)
     return {"weight_format": q["quant_method"]}
 
 
@@ -173,8 +175,8 @@ def _windows(c: dict, switched: bool) -> dict:
     """``sliding_window`` and ``layer_types`` -> sliding_window, full_attention_every. ``switched``:
     the family applies its window only with ``use_sliding_window`` (Qwen's; default False)."""
     if c.get("use_sliding_window"):
-        raise ValueError("use_sliding_window=True (a window on the layers from max_window_layers on) "
-                         "is not modelled")
+        raise ArgumentError("use_sliding_window=True (a window on the layers from max_window_layers on) "
+                            "is not modelled", "config_window_switch")
     window = None if switched else c.get("sliding_window")
     types = c.get("layer_types")
     if types is None:
@@ -187,14 +189,17 @@ def _pattern(types, n_layer, kinds, window, key) -> dict:
     """A per-layer list of (full, windowed) kinds -> every k-th layer full, the others windowed."""
     full, windowed = kinds
     if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
-        raise ValueError(f"{key} must list {full!r} or {windowed!r} for each of {n_layer} layers")
+        raise ArgumentError(f"{key} must list {full!r} or {windowed!r} for each of {n_layer} layers",
+                            "config_layer_list", key=key, full=full, windowed=windowed, n_layer=n_layer)
     if windowed not in types:
         return {"sliding_window": None}
     if window is None:
-        raise ValueError(f"{key} has {windowed!r} layers but the config gives no window size")
+        raise ArgumentError(f"{key} has {windowed!r} layers but the config gives no window size",
+                            "config_no_window", key=key, windowed=windowed)
     k = types.index(full) + 1 if full in types else None
     if k is not None and types != [full if (i + 1) % k == 0 else windowed for i in range(n_layer)]:
-        raise ValueError(f"{key}={types!r}: only every k-th layer full, the others windowed, is modelled")
+        raise ArgumentError(f"{key}={types!r}: only every k-th layer full, the others windowed, is modelled",
+                            "config_layer_pattern", key=key, value=types)
     return {"sliding_window": window, **({"full_attention_every": k} if k else {})}
 
 
@@ -207,11 +212,12 @@ def _experts(c: dict, count: str, tops: tuple, width: str | None) -> dict:
         raise ArgumentError(f"config.json is missing {missing}: a mixture of experts needs its expert "
                             "count and experts per token", "config_missing_experts", missing=missing)
     if any(t != top[0] for t in top):
-        raise ValueError(f"{list(tops)} disagree: {top}")
+        raise ArgumentError(f"{list(tops)} disagree: {top}", "config_disagree", keys=list(tops), values=top)
     fields = {"n_experts": c[count], "experts_per_token": top[0]}
     if width is not None:
         if c.get(width) is None:
-            raise ValueError(f"config.json is missing ['{width}'] (the experts' width)")
+            raise ArgumentError(f"config.json is missing ['{width}'] (the experts' width)",
+                                "config_missing_width", key=width)
         fields["d_expert"] = c[width]
     return fields
 
@@ -231,11 +237,12 @@ def _qwen2_moe(c: dict) -> dict:
 def _deepseek(c: dict) -> dict:
     """MLA and DeepSeekMoE; ``head_dim`` (transformers 5's name for qk_rope_head_dim) must agree."""
     if c.get("moe_layer_freq", 1) != 1:
-        raise ValueError(f"moe_layer_freq={c['moe_layer_freq']!r}: only 1 (every layer after "
-                         "first_k_dense_replace sparse) is modelled")
+        raise ArgumentError(f"moe_layer_freq={c['moe_layer_freq']!r}: only 1 (every layer after "
+                            "first_k_dense_replace sparse) is modelled", "config_moe_freq", value=c["moe_layer_freq"])
     if c.get("head_dim") not in (None, c.get("qk_rope_head_dim")):
-        raise ValueError(f"head_dim={c['head_dim']!r} differs from qk_rope_head_dim="
-                         f"{c.get('qk_rope_head_dim')!r}: MLA's head sizes are read from the qk_* keys")
+        raise ArgumentError(f"head_dim={c['head_dim']!r} differs from qk_rope_head_dim="
+                            f"{c.get('qk_rope_head_dim')!r}: MLA's head sizes are read from the qk_* keys",
+                            "config_head_dim", head_dim=c["head_dim"], rope=c.get("qk_rope_head_dim"))
     default = "noaux_tc" if c.get("model_type") == "deepseek_v3" else "greedy"
     method = c.get("topk_method", default)
     check_int("num_nextn_predict_layers", c.get("num_nextn_predict_layers", 0), 0)
@@ -258,12 +265,13 @@ def _llama4(c: dict) -> dict:
     """Llama 4's text model: experts of ``intermediate_size`` and one shared one; dense layers of
     ``intermediate_size_mlp``; chunked attention on the layers with rotary positions."""
     if c.get("intermediate_size_mlp") is None:
-        raise ValueError("config.json is missing ['intermediate_size_mlp'] (Llama 4's dense layers' width)")
+        raise ArgumentError("config.json is missing ['intermediate_size_mlp'] (Llama 4's dense layers' width)",
+                            "config_missing_dense_width", key="intermediate_size_mlp")
     step = c.get("interleave_moe_layer_step", 1)
     moe = [i for i in range(c["num_hidden_layers"]) if isinstance(step, int) and step and (i + 1) % step == 0]
     if c.get("moe_layers") not in (None, moe):
-        raise ValueError(f"moe_layers={c['moe_layers']!r} is not every interleave_moe_layer_step={step!r}-th "
-                         "layer: only that pattern is modelled")
+        raise ArgumentError(f"moe_layers={c['moe_layers']!r} is not every interleave_moe_layer_step={step!r}-th "
+                            "layer: only that pattern is modelled", "config_moe_layers", value=c["moe_layers"], step=step)
     chunk, nope = c.get("attention_chunk_size"), c.get("no_rope_layers")
     if nope is None:
         nope = [int((i + 1) % 4 != 0) for i in range(c["num_hidden_layers"])]  # its default: 1 in 4 NoPE
@@ -277,8 +285,9 @@ def _llama4(c: dict) -> dict:
 
 def _gemma2(c: dict) -> dict:
     if c.get("sliding_window_size", c.get("sliding_window")) != c.get("sliding_window"):
-        raise ValueError(f"sliding_window_size={c['sliding_window_size']!r} differs from sliding_window="
-                         f"{c.get('sliding_window')!r}")
+        raise ArgumentError(f"sliding_window_size={c['sliding_window_size']!r} differs from sliding_window="
+                            f"{c.get('sliding_window')!r}", "config_window_size", size=c["sliding_window_size"],
+                            window=c.get("sliding_window"))
     windows = {} if c.get("layer_types") else {"full_attention_every": 2}  # sliding, full, sliding, ...
     return {"ffn_norms": True, **windows}
 

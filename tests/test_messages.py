@@ -98,6 +98,8 @@ def test_serving_reason_is_the_planners_in_english():
 
 
 MIXTRAL = RELEASED["mixtral-8x7b"][2]
+LLAMA4, QWEN2, GPT_OSS = (RELEASED[n][2] for n in ("llama-4-scout", "qwen2.5-7b", "gpt-oss-20b"))
+DEEPSEEK, GEMMA2 = RELEASED["deepseek-v3"][2], RELEASED["gemma-2-9b"][2]
 # Each refusal a calculator can meet, with the kind it carries.
 REFUSALS = [
     (lambda: check_int("seq_len", 0, 1), "int"),
@@ -129,6 +131,24 @@ REFUSALS = [
      "config_missing_experts"),
     (lambda: ModelShape.from_hf_config({**MIXTRAL, "hidden_act": "gelu"}), "config_act"),
     (lambda: ModelShape.from_hf_config({**MIXTRAL, "mlp_bias": True}), "config_value"),
+    (lambda: ModelShape.from_hf_config({**LLAMA4, "text_config": {"model_type": "llama"}}), "config_text"),
+    (lambda: ModelShape.from_hf_config({**MIXTRAL, "quantization_config": "fp8"}), "config_quantization"),
+    (lambda: ModelShape.from_hf_config({**QWEN2, "use_sliding_window": True}), "config_window_switch"),
+    (lambda: ModelShape.from_hf_config({**GPT_OSS, "layer_types": ["full_attention"]}), "config_layer_list"),
+    (lambda: ModelShape.from_hf_config({**GPT_OSS, "sliding_window": None}), "config_no_window"),
+    (lambda: ModelShape.from_hf_config({**GPT_OSS, "layer_types": ["full_attention"] * 2 + ["sliding_attention"] * (
+        GPT_OSS["num_hidden_layers"] - 2)}), "config_layer_pattern"),
+    (lambda: ModelShape.from_hf_config({**GPT_OSS, "num_experts_per_tok": GPT_OSS["experts_per_token"] + 1}),
+     "config_disagree"),
+    (lambda: ModelShape.from_hf_config({k: v for k, v in DEEPSEEK.items() if k != "moe_intermediate_size"}),
+     "config_missing_width"),
+    (lambda: ModelShape.from_hf_config({**DEEPSEEK, "moe_layer_freq": 2}), "config_moe_freq"),
+    (lambda: ModelShape.from_hf_config({**DEEPSEEK, "head_dim": 128}), "config_head_dim"),
+    (lambda: ModelShape.from_hf_config({**LLAMA4, "text_config": {
+        k: v for k, v in LLAMA4["text_config"].items() if k != "intermediate_size_mlp"}}), "config_missing_dense_width"),
+    (lambda: ModelShape.from_hf_config({**LLAMA4, "text_config": {**LLAMA4["text_config"], "moe_layers": [0]}}),
+     "config_moe_layers"),
+    (lambda: ModelShape.from_hf_config({**GEMMA2, "sliding_window_size": 1}), "config_window_size"),
 ]
 
 

@@ -119,6 +119,24 @@ CATALOGUE = {
     "error.config_act": ("{key}={value!r}: a {model_type} block is read with {act!r} (gated MLP: SwiGLU "
                          "for 'silu', GeGLU for 'gelu_pytorch_tanh')"),
     "error.config_value": "{key}={value!r} is not modelled for model_type={model_type!r}",
+    "error.config_text": ("model_type={model_type!r} needs a text_config of model_type {text_type!r}: its "
+                          "language model is what is read"),
+    "error.config_quantization": "quantization_config={value!r} must be a dict with a 'quant_method' string",
+    "error.config_window_switch": ("use_sliding_window=True (a window on the layers from max_window_layers on) "
+                                   "is not modelled"),
+    "error.config_layer_list": "{key} must list {full!r} or {windowed!r} for each of {n_layer} layers",
+    "error.config_no_window": "{key} has {windowed!r} layers but the config gives no window size",
+    "error.config_layer_pattern": "{key}={value!r}: only every k-th layer full, the others windowed, is modelled",
+    "error.config_disagree": "{keys!r} disagree: {values!r}",
+    "error.config_missing_width": "config.json is missing ['{key}'] (the experts' width)",
+    "error.config_moe_freq": ("moe_layer_freq={value!r}: only 1 (every layer after first_k_dense_replace sparse) "
+                              "is modelled"),
+    "error.config_head_dim": ("head_dim={head_dim!r} differs from qk_rope_head_dim={rope!r}: MLA's head sizes "
+                              "are read from the qk_* keys"),
+    "error.config_missing_dense_width": "config.json is missing ['{key}'] (Llama 4's dense layers' width)",
+    "error.config_moe_layers": ("moe_layers={value!r} is not every interleave_moe_layer_step={step!r}-th layer: "
+                                "only that pattern is modelled"),
+    "error.config_window_size": "sliding_window_size={size!r} differs from sliding_window={window!r}",
     "feature.experts": "experts", "feature.MLA": "MLA", "feature.head size": "head size",
     "feature.q/k/v biases": "q/k/v biases", "feature.output bias": "output bias",
     "feature.qk-norm": "qk-norm", "feature.feed-forward norms": "feed-forward norms",

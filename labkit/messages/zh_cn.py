@@ -107,6 +107,22 @@ CATALOGUE = {
     "error.config_act": ("{key} = {value:q}：model_type={model_type:q} 的块按 {act:q} 读取（门控 MLP："
                          "“silu” 对应 SwiGLU，“gelu_pytorch_tanh” 对应 GeGLU）"),
     "error.config_value": "{key} = {value:q}：model_type={model_type:q} 下尚未建模",
+    "error.config_text": ("model_type={model_type:q} 需要一个 model_type 为 {text_type:q} 的 text_config："
+                          "读取的是其中的语言模型"),
+    "error.config_quantization": "quantization_config = {value!r} 必须是一个含字符串 quant_method 的对象",
+    "error.config_window_switch": "use_sliding_window=True（从 max_window_layers 层起加滑动窗口）尚未建模",
+    "error.config_layer_list": "{key} 必须为全部 {n_layer} 层逐层给出 {full:q} 或 {windowed:q}",
+    "error.config_no_window": "{key} 含有 {windowed:q} 层，但配置文件没有给出窗口大小",
+    "error.config_layer_pattern": "{key} = {value!r}：只建模了“每 k 层一层全注意力、其余为窗口注意力”的排布",
+    "error.config_disagree": "{keys:vals} 的取值不一致：{values!r}",
+    "error.config_missing_width": "config.json 缺少 ['{key}']（专家的宽度）",
+    "error.config_moe_freq": "moe_layer_freq = {value!r}：只建模了 1（first_k_dense_replace 之后每层都是稀疏层）",
+    "error.config_head_dim": ("head_dim = {head_dim!r} 与 qk_rope_head_dim = {rope!r} 不同：MLA 的头维度从 qk_* "
+                              "各键读取"),
+    "error.config_missing_dense_width": "config.json 缺少 ['{key}']（Llama 4 稠密层的宽度）",
+    "error.config_moe_layers": ("moe_layers = {value!r} 不是每隔 interleave_moe_layer_step = {step!r} 层一层："
+                                "只建模了这种排布"),
+    "error.config_window_size": "sliding_window_size = {size!r} 与 sliding_window = {window!r} 不同",
     "feature.experts": "混合专家", "feature.MLA": "MLA", "feature.head size": "独立的头大小",
     "feature.q/k/v biases": "q/k/v 偏置", "feature.output bias": "输出偏置",
     "feature.qk-norm": "q/k 归一化", "feature.feed-forward norms": "前馈层归一化",
