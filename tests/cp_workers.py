@@ -2,15 +2,18 @@
 
 Groups: cp = 2 over ranks {0, 1} and {2, 3} (each pair runs its own cases), cp = 4 over all four,
 cp = 1 over each rank alone; tp x cp = 2 x 2 with tensor-parallel pairs {0, 1}, {2, 3} and
-context-parallel pairs {0, 2}, {1, 3}. Everything is float64.
+context-parallel pairs {0, 2}, {1, 3}. Everything is float64 but one run of the ring cases in bfloat16.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
+from labkit.checkpoint import checkpoint_scratch
 from labkit.context_parallel import apply_context_parallel, ring_attention, shard_sequence
 from labkit.dist import CommCounter
 from labkit.memory import MemoryMeter, train_step
@@ -53,16 +56,37 @@ def seeded_model(cfg):
     return build_model(cfg, dtype=DT)
 
 
-def _ring(group, rank, cp):
-    """Every ring case on this group: this rank's output and gradient shards."""
+def _ring(group, rank, cp, dtype=DT):
+    """Every ring case on this group: this rank's output and gradient shards (inputs cast to ``dtype``)."""
     out = {}
     for i, (shape, causal, layout) in enumerate(RING_CASES):
-        q, k, v, dout = ring_inputs(shape, seed=i)
+        q, k, v, dout = (t.to(dtype) for t in ring_inputs(shape, seed=i))
         mine = [shard_sequence(t, cp, rank, layout=layout, dim=2).requires_grad_() for t in (q, k, v)]
         o = ring_attention(*mine, group, causal=causal, layout=layout)
         o.backward(shard_sequence(dout, cp, rank, layout=layout, dim=2))
         out[i] = [o.detach()] + [t.grad for t in mine]
     return out
+
+
+def _saved(group, rank, cp):
+    """The bytes of each tensor autograd keeps for the ring's backward (saved-tensor hooks), for the
+    grouped-query case, causal, zigzag, in fp32 and bf16, plain and checkpointed (selective)."""
+    shape, saved = RING_SHAPES[1], {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for recompute in ("none", "selective"):
+            q, k, v, _ = ring_inputs(shape, seed=0)
+            mine = [shard_sequence(t.to(dtype), cp, rank, dim=2).requires_grad_() for t in (q, k, v)]
+            attend = ring_attention if recompute == "none" else partial(checkpoint_scratch, ring_attention, params=[])
+            kept = []
+
+            def pack(t):
+                kept.append(t.numel() * t.element_size())
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                attend(*mine, group, causal=True)
+            saved[str(dtype).removeprefix("torch."), recompute] = kept
+    return saved
 
 
 def _flops(group, rank, cp):
@@ -164,7 +188,9 @@ def cp_checks(rank, world_size):
     cp_pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     pair, pair_rank, family = pairs[rank // 2], rank % 2, ("gpt2", "llama")[rank // 2]
     res = {"ring2": _ring(pair, pair_rank, 2), "ring4": _ring(None, rank, 4)}
+    res["ring2_bf16"], res["ring4_bf16"] = _ring(pair, pair_rank, 2, torch.bfloat16), _ring(None, rank, 4, torch.bfloat16)
     res["flops4"] = _flops(None, rank, 4)
+    res["saved2"] = _saved(pair, pair_rank, 2)
     res["refusals"] = _refusals(pair, pair_rank, 2)
     res["family"] = family
     res["train2"] = _train(FAMILIES[family], pair, pair_rank, 2)  # pair {0, 1}: GPT-2; {2, 3}: Llama
@@ -191,4 +217,4 @@ def reference_training(cfg, ignore=True):
             "ln_f": model.ln_f.weight.detach().clone()}
 
 
-__all__ = ["cp_checks", "reference_training", "ring_inputs", "batch", "RING_CASES", "FAMILIES"]
+__all__ = ["cp_checks", "reference_training", "ring_inputs", "batch", "RING_CASES", "RING_SHAPES", "FAMILIES"]

@@ -85,7 +85,7 @@ def _chunk_activations(pm, x, y) -> int:
     """Bytes one micro-batch's forward keeps on this stage (its chunk; v = 1): the received
     activation (allocated in the forward, as the receive allocates it, and kept for backward),
     the chunk's saved tensors, its output sent on (kept until backward) or, on the last stage, the
-    loss. The graph is then dropped: no backward, so no collective is left waiting."""
+    loss the pipeline takes (``pm.loss_fn``: under cp the global mean's). The graph is then dropped: no backward, so no collective is left waiting."""
     chunk, stage, mb = pm.chunks[0], pm.coords.pp, x.shape[0] // pm.num_microbatches
     seq = x.shape[1] // pm.dims.tp_size if pm.sequence_parallel else x.shape[1]
     with MemoryMeter() as meter:
@@ -97,7 +97,7 @@ def _chunk_activations(pm, x, y) -> int:
                 h.requires_grad_()
                 kept = (h, chunk(h))
             if pm.is_last_stage:
-                kept = (h, pm.model.loss(kept[1], y[:mb]))  # the logits are freed once the loss is taken
+                kept = (h, pm.loss_fn(kept[1], y[:mb]))  # the logits are freed once the loss is taken
     del kept
     return meter.report().activations
 
@@ -111,7 +111,7 @@ def _pipeline_activations(pm, x, y) -> int:
     sync = pm.data_parallel.no_sync() if pm.data_parallel is not None else contextlib.nullcontext()
     with sync:  # the gradients are not needed: no data-parallel reduction
         res = run_schedule(pm.chunks, pm.actions, rank=pm.coords.pp, pp_size=pm.dims.pp_size,
-                           inputs=x.chunk(m), targets=y.chunk(m), loss_fn=model.loss,
+                           inputs=x.chunk(m), targets=y.chunk(m), loss_fn=pm.loss_fn,
                            act_shape=(x.shape[0] // m, seq, model.cfg.d_model), act_dtype=model.wte.weight.dtype,
                            device=x.device, group=pm.group["pp"], ranks=pm.pp_ranks, tied=model.wte.weight,
                            count_saved=False)

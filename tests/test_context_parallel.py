@@ -5,7 +5,8 @@ activation memory, the zigzag layout's balanced work, and the refusals.
 One 4-rank launch (tests/cp_workers.py) serves every distributed test. Equivalences are judged in
 float64: the ring adds the same terms as full attention in another order, which moves float64
 results by ~1e-16 relative; a wrong block, mask or position is off by O(1), so
-torch.testing.assert_close's float64 defaults (rtol 1e-7, atol 1e-7) separate the two.
+torch.testing.assert_close's float64 defaults (rtol 1e-7, atol 1e-7) separate the two. The ring
+in bfloat16 is judged against PyTorch's own bfloat16 attention's error, measured in the same run.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cp_workers import BATCH, FAMILIES, RING_CASES, cp_checks, reference_training, ring_inputs
+from cp_workers import BATCH, FAMILIES, RING_CASES, RING_SHAPES, cp_checks, reference_training, ring_inputs
 from labkit.context_parallel import (block_flops, causal_pairs, check_cp_seq_len, chunk_offsets, chunks_of_rank,
-                                     computed_blocks, ring_attention, ring_bytes_per_layer, shard_sequence,
-                                     unshard_sequence)
+                                     computed_blocks, global_loss_bytes, ring_attention, ring_attention_saved_bytes,
+                                     ring_bytes_per_layer, shard_rotary_bytes, shard_sequence, unshard_sequence)
 from labkit.dist import launch
 
 # Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
@@ -36,10 +37,11 @@ def runs():
     return launch(cp_checks, 4, **GLOO)
 
 
-def _sdpa_with_grads(case):
-    """F.scaled_dot_product_attention on the whole sequence: output and dq, dk, dv."""
+def _sdpa_with_grads(case, dtype=torch.float64, compute=None):
+    """F.scaled_dot_product_attention on the whole sequence: output and dq, dk, dv, the inputs rounded
+    to ``dtype`` and computed in ``compute`` (None: ``dtype``)."""
     shape, causal, _ = RING_CASES[case]
-    q, k, v, dout = ring_inputs(shape, seed=case)
+    q, k, v, dout = (t.to(dtype).to(compute or dtype) for t in ring_inputs(shape, seed=case))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     out.backward(dout)
@@ -58,6 +60,39 @@ def test_ring_attention_equals_sdpa_forward_and_every_gradient(runs, cp, case):
         for i, name in enumerate(("out", "dq", "dk", "dv")):
             got = unshard_sequence([s[i] for s in shards], layout=layout, dim=2)
             torch.testing.assert_close(got, want[i], msg=lambda m: f"cp={cp} {RING_CASES[case]} {name}: {m}")
+
+
+@pytest.mark.roundoff
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_attention_in_bf16_is_within_pytorchs_roundoff(runs, cp):
+    """bf16 inputs: the ring computes its blocks and sums O and dQ in fp32 (L's dtype), as FlashAttention
+    does, so they may err at most twice PyTorch's own bf16 attention (flash-attention's test rule); dK
+    and dV travel round the ring in bf16, as K and V do (ring_bytes_per_layer's count), each of the
+    cp - 1 hops rounding a partial sum: allowed one rounding of the result each, measured, |bf16(x) - x|."""
+    groups = [[0, 1], [2, 3]] if cp == 2 else [[0, 1, 2, 3]]
+    for case, (_, _, layout) in enumerate(RING_CASES):
+        plain = _sdpa_with_grads(case, torch.bfloat16)
+        exact = _sdpa_with_grads(case, torch.bfloat16, compute=torch.float64)  # the inputs' exact result
+        for ranks in groups:
+            shards = [runs[r][f"ring{cp}_bf16"][case] for r in ranks]
+            for i, name in enumerate(("out", "dq", "dk", "dv")):
+                got = unshard_sequence([s[i] for s in shards], layout=layout, dim=2)
+                assert got.dtype == torch.bfloat16
+                err, own = ((t.double() - exact[i]).abs().max().item() for t in (got, plain[i]))
+                hop = (exact[i].to(torch.bfloat16).double() - exact[i]).abs().max().item() if i > 1 else 0.0
+                assert err <= 2 * own + (cp - 1) * hop, (cp, RING_CASES[case], name, err, own, hop)
+
+
+@pytest.mark.parametrize("dtype, recompute", [("float32", "none"), ("bfloat16", "none"), ("float32", "selective"),
+                                             ("bfloat16", "selective")])
+def test_what_the_ring_keeps_for_backward_is_the_count(runs, dtype, recompute):
+    # counted by saved-tensor hooks on 2 ranks: q, k, v as passed, O and the fp32 L (none); the
+    # checkpointed ring keeps its inputs only (selective); k and v with their n_kv heads, unrepeated
+    B, h, h_kv, S, d = RING_SHAPES[1]
+    want = ring_attention_saved_bytes(S // 2, B, h, h_kv, d, dtype_bytes=torch.finfo(getattr(torch, dtype)).bits // 8,
+                                      recompute=recompute)
+    for r in runs:
+        assert sorted(r["saved2"][dtype, recompute]) == sorted(want.values()), (dtype, recompute, want)
 
 
 def test_zigzag_balances_causal_work_counted_in_flops(runs):
@@ -176,6 +211,19 @@ def test_causal_work_sums_to_the_triangle_and_zigzag_splits_it_evenly(cp):
         assert sum(causal_pairs(r, cp, layout) for r in range(cp)) == pytest.approx(1.0, rel=1e-12)
     assert all(causal_pairs(r, cp, "zigzag") == pytest.approx(1 / cp, rel=1e-12) for r in range(cp))
     assert causal_pairs(cp - 1, cp, "contiguous") == pytest.approx((2 * cp - 1) / cp**2, rel=1e-12)
+
+
+def test_the_ring_count_refuses_what_it_does_not_model_by_name():
+    args = dict(seq_len=8, batch_size=2, n_head=4, n_kv_head=2, head_dim=8, dtype_bytes=2)
+    for bad, name in ((dict(recompute="some"), "recompute"), (dict(dtype_bytes=8), "dtype_bytes"),
+                      (dict(n_kv_head=True), "n_kv_head"), (dict(seq_len=0), "seq_len")):
+        with pytest.raises(ValueError, match=name):
+            ring_attention_saved_bytes(**{**args, **bad})
+    with pytest.raises(ValueError, match="head_dim"):
+        shard_rotary_bytes(8, 2.0, 2)
+    with pytest.raises(ValueError, match="tp_size"):
+        global_loss_bytes(False)
+    assert ring_attention_saved_bytes(**args, recompute="full") == {}  # the block keeps its input
 
 
 def test_the_formulas_import_without_torch():

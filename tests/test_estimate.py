@@ -169,6 +169,19 @@ def test_gpt2_block_uses_korthikanti():
         assert est.stage == 0 and est.activations == round(layer) * 96 + outputs + embedding
 
 
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama-3.1-405b"])
+def test_with_cp_the_core_is_the_ring_whatever_the_attention_knob(name):
+    # the ring never stores the scores: "eager" and "flash" are one count with cp > 1 (labkit's and
+    # fused kernels), and without cp the scores make "eager" the larger
+    from labkit.parallel.config import RunConfig
+
+    for kernels in ("labkit", "fused"):
+        est = {(cp, a): training_memory(name, RunConfig(tp_size=8, cp_size=cp, seq_len=2048, attention=a,
+                                                        kernels=kernels)).activations
+               for cp in (1, 2) for a in ("eager", "flash")}
+        assert est[2, "eager"] == est[2, "flash"] and est[1, "eager"] > est[1, "flash"], (kernels, est)
+
+
 def test_the_precision_names_are_labkit_precisions():
     assert {policy for policy, _ in PRECISIONS.values()} <= set(POLICIES)
     assert set(OPTIMIZERS) == {"adam", "adamw", "sgd_momentum", "sgd"}

@@ -11,10 +11,12 @@ the estimator and the planner call these.
 from __future__ import annotations
 
 from ..hardware import get_gpu, peak_flops
+from ..memory.analytic import RECOMPUTE, lse_bytes
 from ..validate import ArgumentError, check_bool, check_choice, check_int
 
 __all__ = ["LAYOUTS", "check_cp_seq_len", "chunks_of_rank", "chunk_offsets", "causal_pairs", "computed_blocks",
-           "ring_bytes_per_layer", "block_flops", "ring_step_flops", "hide_chunk_tokens", "attention_activation_fraction"]
+           "ring_bytes_per_layer", "block_flops", "ring_step_flops", "hide_chunk_tokens",
+           "attention_activation_fraction", "ring_attention_saved_bytes", "shard_rotary_bytes", "global_loss_bytes"]
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -116,3 +118,42 @@ def hide_chunk_tokens(gpu: str, n_head: int, n_kv_head: int, dtype: str = "bf16"
 def attention_activation_fraction(cp_size: int) -> float:
     """The share of the attention's (and every per-token) activation a rank keeps: 1 / cp."""
     return 1.0 / check_int("cp_size", cp_size, 1)
+
+
+def ring_attention_saved_bytes(seq_len: int, batch_size: int, n_head: int, n_kv_head: int, head_dim: int, *,
+                               dtype_bytes: int, recompute: str = "none") -> dict:
+    """What :class:`labkit.context_parallel.RingAttention` keeps for backward on one rank, by tensor:
+    s = ``seq_len`` the rank's s/cp tokens, a and n_kv its heads, e = ``dtype_bytes``.
+
+    Its inputs as passed, q (a hd s b e), k and v (n_kv hd s b e each: the key-value heads, never
+    repeated), its output O (a hd s b e) and the fp32 log-sum-exp L (4 a s b); no (s, s) block
+    outlives its step, as in FlashAttention. "selective" (the ring checkpointed): q, k, v only;
+    "full": nothing (the block's input is the block's). Whether q, k, v are storages of their own
+    is the caller's: in labkit's block v is a view of the qkv projection's output."""
+    s, b, a, kv, hd = (check_int(n, v, 1) for n, v in (("seq_len", seq_len), ("batch_size", batch_size),
+                                                       ("n_head", n_head), ("n_kv_head", n_kv_head),
+                                                       ("head_dim", head_dim)))
+    e = check_choice("dtype_bytes", dtype_bytes, (2, 4))
+    if check_choice("recompute", recompute, RECOMPUTE) == "full":
+        return {}
+    token = hd * s * b * e  # one head's (b, s, hd) tensor
+    kept = {"q (a hd s b e)": a * token, "k (n_kv hd s b e)": kv * token, "v (n_kv hd s b e)": kv * token}
+    if recompute == "none":
+        kept.update({"output O (a hd s b e)": a * token, "log-sum-exp L (4 a s b)": lse_bytes(s, b, a)})
+    return kept
+
+
+def shard_rotary_bytes(seq_len: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes a rotary layer keeps per rank that it does not keep without cp: cos and sin read at
+    the shard's global positions, (s/cp, hd/2) each, gathered (without cp, a view of the table)
+    and kept by the rotation's products: s hd e, b-free, once per layer (q and k share them)."""
+    for name, value in (("seq_len", seq_len), ("head_dim", head_dim)):
+        check_int(name, value, 1)
+    return seq_len * head_dim * check_choice("dtype_bytes", dtype_bytes, (2, 4))
+
+
+def global_loss_bytes(tp_size: int = 1) -> int:
+    """Bytes the global mean loss keeps beyond a plain mean's, per micro-batch (apply's
+    ``_global_loss``): the whole sequence's target count (int64) its division keeps; under
+    tensor parallelism also this rank's count (int64), by which it scales the vocab-parallel mean."""
+    return 8 if check_int("tp_size", tp_size, 1) == 1 else 16

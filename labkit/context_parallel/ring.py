@@ -8,7 +8,9 @@ the block it holds and merges the partial result with the online softmax's log-s
 step j + 1 are posted, as one ``batch_isend_irecv``, before step j computes. Backward sends the
 keys and values around again, with their gradients travelling beside them, accumulated by every
 rank they pass and delivered to their owner after the last step. Under a causal mask, blocks
-wholly in a query's future are skipped, and partial ones are masked by global positions.
+wholly in a query's future are skipped, and partial ones are masked by global positions. Blocks
+are computed, and O and dQ summed, in the softmax's dtype (fp32 for 16-bit inputs, as
+FlashAttention's); dK and dV travel in the inputs' dtype, as K and V do.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def _pairs(q_segs, k_segs, causal: bool):
 
 def _block_backward(q, k, v, dout, lse, delta, masked, q0, k0, scale):
     """Gradients of one block given the final lse and D = rowsum(dO ∘ O) (FlashAttention-2,
-    Algorithm 2): q (..., h, n, d), k and v (..., h_kv, m, d) -> dq, dk, dv of those shapes."""
+    Algorithm 2): q (..., h, n, d), k and v (..., h_kv, m, d) -> dq, dk, dv of those shapes, in
+    the softmax's dtype (lse's: fp32 for 16-bit inputs, as the forward's softmax)."""
+    q, k, v, dout = (t.to(lse.dtype) for t in (q, k, v, dout))
     n_rep = q.size(-3) // k.size(-3)
     kk, vv = k.repeat_interleave(n_rep, dim=-3), v.repeat_interleave(n_rep, dim=-3)  # (..., h, m, d)
     p = torch.exp((q @ kk.transpose(-2, -1)) * scale - lse.unsqueeze(-1))  # P (..., h, n, m)
@@ -79,8 +83,8 @@ class RingAttention(torch.autograd.Function):
         rank, cp, nxt, prv = ring_peers(group)
         seq = q.size(-2) * cp
         q_segs = chunk_offsets(rank, cp, seq, layout)
-        outs = [torch.zeros_like(q[..., qs:qs + n, :]) for qs, n, _ in q_segs]
-        lse_dtype = torch.promote_types(q.dtype, torch.float32)  # the core's softmax dtype
+        lse_dtype = torch.promote_types(q.dtype, torch.float32)  # the core's softmax dtype: O merged in it
+        outs = [torch.zeros_like(q[..., qs:qs + n, :], dtype=lse_dtype) for qs, n, _ in q_segs]
         lses = [torch.full_like(o[..., 0], float("-inf"), dtype=lse_dtype) for o in outs]  # (..., h, n)
         kv = torch.stack([k, v])  # (2, ..., h_kv, s/cp, d): one message a step
         for step in range(cp):
@@ -89,13 +93,14 @@ class RingAttention(torch.autograd.Function):
                 works = _post(kv, incoming, nxt, prv, group, tag=step)
             k_segs = chunk_offsets((rank - step) % cp, cp, seq, layout)  # the block's owner's chunks
             for qi, qsl, ksl, q0, k0, masked in _pairs(q_segs, k_segs, causal):
-                o, lse = reference_attention(q[..., qsl, :], kv[0][..., ksl, :], kv[1][..., ksl, :], causal=masked,
-                                             q_offset=q0, k_offset=k0, scale=scale, return_lse=True)
+                o, lse = reference_attention(*(t.to(lse_dtype) for t in (q[..., qsl, :], kv[0][..., ksl, :],
+                                                                         kv[1][..., ksl, :])),
+                                             causal=masked, q_offset=q0, k_offset=k0, scale=scale, return_lse=True)
                 outs[qi], lses[qi] = merge_attention(outs[qi], lses[qi], o, lse)
             if step < cp - 1:
                 _wait(works)
                 kv = incoming
-        out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)  # (..., h, s/cp, d), (..., h, s/cp)
+        out, lse = torch.cat(outs, dim=-2).to(q.dtype), torch.cat(lses, dim=-1)  # (..., h, s/cp, d), (..., h, s/cp)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.causal, ctx.layout, ctx.scale = group, causal, layout, scale
         return out
@@ -106,14 +111,14 @@ class RingAttention(torch.autograd.Function):
         rank, cp, nxt, prv = ring_peers(ctx.group)
         seq = q.size(-2) * cp
         q_segs = chunk_offsets(rank, cp, seq, ctx.layout)
-        delta = (dout * out).sum(-1)  # D (..., h, s/cp)
-        dq, kv = torch.zeros_like(q), torch.stack([k, v])
+        delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # D (..., h, s/cp), in the softmax's dtype
+        dq, kv = torch.zeros_like(q, dtype=lse.dtype), torch.stack([k, v])  # gradients summed in L's dtype
         dkv_works = dkv_in = kv_works = None
         for step in range(cp):
             if step < cp - 1:
                 incoming = torch.empty_like(kv)
                 kv_works = _post(kv, incoming, nxt, prv, ctx.group, tag=cp + step)
-            mine = torch.zeros_like(kv)  # this rank's share of the block owner's dK, dV
+            mine = torch.zeros_like(kv, dtype=lse.dtype)  # this rank's share of the block owner's dK, dV
             k_segs = chunk_offsets((rank - step) % cp, cp, seq, ctx.layout)
             for qi, qsl, ksl, q0, k0, masked in _pairs(q_segs, k_segs, ctx.causal):
                 dq_b, dk_b, dv_b = _block_backward(q[..., qsl, :], kv[0][..., ksl, :], kv[1][..., ksl, :],
@@ -123,17 +128,17 @@ class RingAttention(torch.autograd.Function):
                 mine[0][..., ksl, :] += dk_b
                 mine[1][..., ksl, :] += dv_b
             if cp == 1:
-                return dq, mine[0], mine[1], None, None, None, None
+                return dq.to(q.dtype), mine[0].to(k.dtype), mine[1].to(k.dtype), None, None, None, None
             if dkv_works is not None:  # the shares of the ranks this block passed before
                 _wait(dkv_works)
                 mine += dkv_in
-            dkv_in = torch.empty_like(kv)
-            dkv_works = _post(mine, dkv_in, nxt, prv, ctx.group, tag=2 * cp + step)
+            dkv_in, send = torch.empty_like(kv), mine.to(kv.dtype)  # sent in k's dtype, as K and V
+            dkv_works = _post(send, dkv_in, nxt, prv, ctx.group, tag=2 * cp + step)
             if step < cp - 1:
                 _wait(kv_works)
                 kv = incoming
         _wait(dkv_works)  # after cp steps, our own block's dK, dV, summed over every rank
-        return dq, dkv_in[0], dkv_in[1], None, None, None, None
+        return dq.to(q.dtype), dkv_in[0], dkv_in[1], None, None, None, None
 
 
 def check_ring_inputs(q, k, v, layout: str, cp_size: int | None = None) -> None:

@@ -4,8 +4,8 @@
 and pipeline split), ZeRO's model-state bytes (``labkit.zero.analytic``), activations per layer
 (Korthikanti et al. 2022 for GPT-2's block, ``labkit.memory.analytic.korthikanti_activation_bytes``;
 the Llama block's terms, ``llama_layer_bytes``), and the pipeline's micro-batches in flight
-(``labkit.pipeline.analytic.max_in_flight``); a MoE block's, :mod:`.experts`. It writes no formula
-of its own beyond adding them.
+(``labkit.pipeline.analytic.max_in_flight``); a MoE block's, :mod:`.experts`; context parallelism's
+ring, shard positions and global loss, :mod:`.context`. It adds them, and writes no formula.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ..pipeline.schedules import make_schedule, peak_layers_in_flight
 from ..shapes import ModelShape, preset
 from ..validate import ArgumentError, check_bool, check_choice, check_int
 from ..zero.analytic import STAGES
+from .context import core_under_cp, cp_micro_batch_bytes, ring_layer_terms
 from .experts import (DENSE_MLP, check_experts_trainable, moe_layer_bytes, rank_layer_params, rank_params,
                       rank_model_states, zero_model_state_bytes)
 from .latent import check_mla_trainable, replace_attention_terms
@@ -106,27 +107,29 @@ def _degrees(dims) -> tuple[int, int, int, int, int]:
 def layer_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, tp_size: int, *,
                            sequence_parallel: bool, recompute: str, dtype_bytes: int,
                            attention: str = "eager", kernels: str = "labkit", moe: bool = False,
-                           ep_size: int = 1, capacity_factor: float | None = None) -> int:
+                           ep_size: int = 1, capacity_factor: float | None = None, cp_size: int = 1) -> int:
     """Bytes one layer keeps per micro-batch per rank: Korthikanti's for GPT-2's block (16-bit
     activations, 1-byte dropout masks: Megatron's kernels), the Llama block's terms otherwise,
     labkit's or under fused kernels (``kernels``); ``attention="flash"``: no scores, a fp32
-    log-sum-exp per row and head instead. ``moe``: a MoE layer, its MLP's terms
-    :func:`labkit.estimate.experts.moe_layer_bytes`' (``ep_size``, ``capacity_factor``); MLA
-    (``shape.kv_lora_rank``): its attention's terms :func:`labkit.estimate.latent.mla_layer_bytes`'."""
-    check_mla_trainable(shape, tp_size=tp_size, kernels=kernels)
+    log-sum-exp per row and head instead. ``moe``: a MoE layer, its MLP's terms :mod:`.experts`'
+    (``ep_size``, ``capacity_factor``); MLA (``shape.kv_lora_rank``): its attention's :mod:`.latent`'.
+    ``cp_size`` > 1: ``seq_len`` is a rank's s/cp tokens, the core the ring, flash-style (:mod:`.context`)."""
+    check_mla_trainable(shape, tp_size=tp_size, cp_size=cp_size, kernels=kernels)
+    attention = core_under_cp(attention, cp_size)
     if shape.norm == "layernorm" and shape.mlp == "gelu":
         e = dtype_bytes / 2  # Korthikanti's formula counts 2-byte activations
         flash = attention == "flash" and recompute == "none"
         kept = korthikanti_activation_bytes(seq_len, micro_batch, shape.d_model, shape.n_head, tp_size,
                                             sequence_parallel, "selective" if flash else recompute)
-        lse = lse_bytes(seq_len, micro_batch, shape.n_head // tp_size) if attention == "flash" and recompute == "none" else 0
-        return round(e * kept) + lse
+        return round(e * kept) + (lse_bytes(seq_len, micro_batch, shape.n_head // tp_size) if flash else 0)
     count = fused_llama_layer_bytes if kernels == "fused" else llama_layer_bytes
     terms = count(seq_len, micro_batch, shape.d_model, shape.n_head, shape.kv_heads, shape.ffn_dim,
                   dtype_bytes=dtype_bytes, tp_size=tp_size, sequence_parallel=sequence_parallel,
                   recompute=recompute, attention=attention)
-    terms = replace_attention_terms(terms, shape, seq_len, micro_batch, dtype_bytes=dtype_bytes, recompute=recompute,
-                                    attention=attention)
+    knobs = dict(dtype_bytes=dtype_bytes, recompute=recompute)
+    terms = replace_attention_terms(terms, shape, seq_len, micro_batch, attention=attention, **knobs)
+    if cp_size > 1 and kernels == "labkit":  # labkit's ring in place of its core
+        terms = ring_layer_terms(terms, shape, seq_len, micro_batch, tp_size, **knobs)
     if check_bool("moe", moe) and recompute != "full":  # the experts in place of the dense MLP
         del terms[DENSE_MLP]
         terms.update(moe_layer_bytes(shape, seq_len, micro_batch, dtype_bytes=dtype_bytes, ep_size=ep_size,
@@ -151,15 +154,14 @@ def training_memory(shape, run=None, *, stage: int | None = None, **knobs) -> Me
     ``dp_size``, ``tp_size``, ``pp_size``, ``cp_size``, ``ep_size``; None: one GPU), ``zero_stage``, ``recompute``,
     ``sequence_parallel``, ``num_microbatches``, ``schedule`` ("1f1b"), ``v``, ``precision``,
     ``optimizer``, ``offload`` and ``attention`` ("eager": labkit's model, whose attention keeps the
-    (a, s, s) scores, as the meter measures it; "flash": a fused kernel's count).
+    (a, s, s) scores, as the meter measures it; "flash": a fused kernel's count; cp > 1: the ring).
 
     ZeRO shards the model states over the dp x cp ranks that hold the same parameters; context
-    parallelism divides the sequence. A mixture of experts (labkit's MoE block): ``dims.ep_size``
-    and ``capacity_factor`` (None: dropless), :mod:`labkit.estimate.experts`. Model states are exact, for one flat group per rank padded
-    as ZeRO pads; torch's Adam also keeps a 4-byte step count per tensor, not counted.
-    ``transient`` is an estimate (the peaks above what is kept: the logits, a layer recomputed in
-    full, ZeRO-3's gathered parameters); no communication bucket (labkit's gradients are views of
-    its buckets; torch's DDP copies into 25 MB buckets: add them for it).
+    parallelism divides the sequence (:mod:`.context`). Experts: ``dims.ep_size``, ``capacity_factor``
+    (None: dropless), :mod:`.experts`. Model states are exact, for one flat group per rank padded
+    as ZeRO pads; torch's Adam also keeps a 4-byte step count per tensor, not counted. ``transient``
+    is an estimate (the peaks above what is kept: the logits, a layer recomputed in full, ZeRO-3's
+    gathered parameters); no communication bucket (torch's DDP copies into 25 MB buckets: add them).
     """
     shape = check_trainable(as_shape(shape))
     run = _as_run(run, knobs).check(shape)
@@ -196,7 +198,7 @@ def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
     tp, pp, cp, sp, v = run.tp_size, run.pp_size, run.cp_size, run.sequence_parallel, run.v
     states = rank_model_states(shape, run, stage, policy)
     s, b, t = run.seq_len // cp, run.micro_batch, tp
-    layer = dict(sequence_parallel=sp, dtype_bytes=e, attention=run.attention, kernels=run.kernels)
+    layer = dict(sequence_parallel=sp, dtype_bytes=e, attention=run.attention, kernels=run.kernels, cp_size=cp)
     # Stage `stage` holds max_in_flight micro-batches (chunks of 1/v of its layers, interleaved).
     # Under 1F1B with m >= p that is p - stage: stage 0 keeps p x L/p = L layers' worth of
     # activations whatever p is, so pipelining divides the model states but not stage 0's activations.
@@ -205,6 +207,7 @@ def _stage_estimate(shape, stage: int, run) -> MemoryEstimate:
     transient = _transient(shape, run, stage, s, b, e, layer, policy)
     if stage == 0:  # the embedding's position indices and, under TP, its ids and mask
         activations += in_flight * embedding_bytes(s, b, pos=shape.pos, tp_size=t)
+    activations += in_flight * cp_micro_batch_bytes(shape, run, stage, s)  # positions, the global loss
     if stage > 0 and shape.norm == "rmsnorm" and e < 4 and run.recompute != "full":
         # the received activation, kept for its gradient: the first RMSNorm keeps an fp32 copy, not
         # it (in fp32 it keeps this very tensor; a LayerNorm or a checkpointed block keeps it too)

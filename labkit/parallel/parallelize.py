@@ -81,10 +81,10 @@ class ParallelModel:
         self.group["replicas"] = replica_group(dims, mesh, self.coords) if zero_stage else self.group["dp"]
         c = self.coords  # a stage's peers along "pp" share its dp, cp and tp coordinates
         self.pp_ranks = [dims.rank_of(dp=c.dp, pp=s, cp=c.cp, tp=c.tp) for s in range(dims.pp_size)]
-        self._loss_fn = model.loss
+        self.loss_fn = model.loss  # the last stage's loss(logits, targets)
         if chunks and dims.cp_size > 1:  # each chunk's layers by the ring, the loss the global mean's
             context_parallel_chunks(model, chunks, dims.tp_size if sequence_parallel else 1)
-            self._loss_fn = context_parallel_loss_fn(model)
+            self.loss_fn = context_parallel_loss_fn(model)
         self.actions = actions
         held = {id(p) for c in chunks for p in c.parameters()} if chunks else None
         self._named = [(n, p) for n, p in model.named_parameters() if held is None or id(p) in held]
@@ -213,7 +213,7 @@ class ParallelModel:
         seq = x.shape[1] // self.dims.tp_size if self.sequence_parallel else x.shape[1]  # what stages exchange
         res = run_schedule(self.fsdp_chunks or self.chunks, self.actions, rank=self.coords.pp,
                            pp_size=self.dims.pp_size,
-                           inputs=x.chunk(m), targets=y.chunk(m), loss_fn=self._loss_fn,
+                           inputs=x.chunk(m), targets=y.chunk(m), loss_fn=self.loss_fn,
                            act_shape=(x.shape[0] // m, seq, model.cfg.d_model), act_dtype=self._act_dtype,
                            device=x.device, group=self.group["pp"], ranks=self.pp_ranks,
                            tied=self._tied, count_saved=False)
