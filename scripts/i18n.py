@@ -161,7 +161,8 @@ def _zh_labs():
     import importlib.util
 
     if "zh_labs_script" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("zh_labs_script", ROOT / "scripts" / "zh_labs.py")
+        spec = importlib.util.spec_from_file_location("zh_labs_script",
+                                                      ROOT / "scripts" / "zh_labs.py")
         module = sys.modules["zh_labs_script"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return sys.modules["zh_labs_script"]

@@ -180,8 +180,9 @@ def _shown_nodes(tree: ast.AST) -> set[tuple[int, int, int, int]]:
                 if name in _SHOW_FUNCS or isinstance(func, ast.Attribute) and (
                         name in _SHOW_METHODS or name in _TICKS and child in parent.args[1:]):
                     shown.add((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset))
-                if isinstance(func, ast.Attribute) and name in _STR_METHODS and child in parent.args:
-                    child, parent = parent, parents.get(parent)  # ", ".join([...]): goes on
+                if isinstance(func, ast.Attribute) and name in _STR_METHODS \
+                        and child in parent.args:  # ", ".join([...]): goes on
+                    child, parent = parent, parents.get(parent)
                     continue
                 break
             if isinstance(parent, ast.FormattedValue) and child is parent.format_spec:
@@ -316,7 +317,7 @@ def _untokenize(source: str, tokens, texts: dict[int, str]) -> str:
     return "".join(lines)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kept() -> frozenset[str]:
     return frozenset(_i18n().kept_english())
 
