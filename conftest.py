@@ -17,8 +17,9 @@ from labkit.busy import busy_note, timeout_scale
 
 ROOT = Path(__file__).resolve().parent
 
-# The Chinese labs (scripts/zh_labs.py) are the English ones' code and outputs with translated
-# Markdown: tests/test_i18n.py checks that they are exactly that, so nbval need not run them again.
+# The Chinese labs (scripts/zh_labs.py) are the English ones with translated Markdown, comments
+# and printed text, run: tests/test_i18n.py checks that their code is the English code token for
+# token and that their outputs hold the English outputs' numbers, so nbval need not run them too.
 collect_ignore_glob = ["labs/zh/*"]
 
 

@@ -7,7 +7,9 @@
 The catalogues are ``locales/zh_CN/LC_MESSAGES/<page>.po``, one per page of the book (Sphinx's
 gettext builder, ``gettext_compact: false``), plus ``exercises/notebooks.po`` for the exercise
 notebooks' instructions (their Markdown cells, one message per paragraph; the Chinese notebooks in
-exercises/student/zh/ are made from it by ``scripts/exercises.py build``).
+exercises/student/zh/ are made from it by ``scripts/exercises.py build``), and
+``labs/NN_name.code.po`` per lab for its code cells' comments and printed literals (extracted by
+scripts/zh_labs.py, which writes the Chinese labs from them).
 
 Every command first regenerates the message templates (.pot) from the current English sources
 into a temporary folder (a gettext build of the book: a few seconds). ``update`` merges them into
@@ -18,7 +20,8 @@ an obsolete message or one the template no longer has, or a catalogue is missing
 template, when a translation breaks the glossary (locales/zh_CN/GLOSSARY.md: a listed English
 term whose Chinese term is missing, a forbidden variant, a display equation's ``\text{}`` against
 the glossary's rule), when Sphinx would drop it (it starts like a list item: "1. ", "+ "), and
-when it loses what must stay verbatim (a role's target, inline code, math, a URL); it prints the
+when it loses what must stay verbatim (a role's target, inline code, math, a URL), and when a
+code message's translation changes its format fields ({x:.2f}, {name}); it prints the
 translated share.
 """
 
@@ -38,6 +41,9 @@ LANGUAGE = "zh_CN"
 LOCALE_DIR = ROOT / "locales" / LANGUAGE / "LC_MESSAGES"
 STUDENT_DIR = ROOT / "exercises" / "student"
 NOTEBOOKS_DOMAIN = "exercises/notebooks"  # the exercise notebooks' catalogue, beside the pages'
+# A lab's code catalogue, labs/NN_name.code.po beside its page's: the comments and printed
+# literals of its code cells (scripts/zh_labs.py extracts them and writes the Chinese labs).
+CODE_SUFFIX = ".code"
 # A Markdown block that carries no prose: a rule, a fenced code block, a display equation.
 _NO_PROSE = re.compile(r"\A(?:-{3,}|\*{3,}|```.*```|\$\$.*\$\$)\Z", re.S)
 
@@ -146,7 +152,54 @@ def make_templates(pot_dir: Path, source: Path = ROOT) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(pot.read_bytes())
     write_notebook_template(pot_dir / f"{NOTEBOOKS_DOMAIN}.pot", source / "exercises" / "student")
+    _zh_labs().write_code_templates(pot_dir, source / "labs")
     return pot_dir
+
+
+def _zh_labs():
+    """scripts/zh_labs.py, loaded by path (scripts/ is not a package)."""
+    import importlib.util
+
+    if "zh_labs_script" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("zh_labs_script",
+                                                      ROOT / "scripts" / "zh_labs.py")
+        module = sys.modules["zh_labs_script"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["zh_labs_script"]
+
+
+# ----------------------------------------------------------------------------- code messages
+# A format field of a code message ({x:.2f}, {}, {name}); "{{" and "}}" are literal braces.
+_FIELD = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def is_code_catalogue(name: str) -> bool:
+    return name.endswith(CODE_SUFFIX)
+
+
+def placeholders(text: str) -> list[str]:
+    """A code message's format fields in order ({x:.2f}, {}, {name}); a quoted string inside a
+    field (f"{'step':<6}") is words, which the translation may change, so it reads '…'."""
+    return [_QUOTED.sub("'…'", f) for f in _FIELD.findall(text) if f not in ("{{", "}}")]
+
+
+def without_fields(text: str) -> str:
+    """A code message with its format fields (code: names, specs) each replaced by a space."""
+    return _FIELD.sub(" ", text)
+
+
+def placeholder_problems(locale_dir: Path = LOCALE_DIR) -> list[str]:
+    """'catalogue: ...' for every code translation whose format fields are not the English's,
+    in the same order (a field renamed, lost, added or moved would print something else)."""
+    problems = []
+    for po in sorted(Path(locale_dir).rglob(f"*{CODE_SUFFIX}.po")):
+        name = po.relative_to(locale_dir).with_suffix("").as_posix()
+        for m in read_catalogue(po):
+            if m.id and m.string and not m.fuzzy and placeholders(m.id) != placeholders(m.string):
+                problems.append(f"{name}: format fields {placeholders(m.string)} differ from the "
+                                f"English {placeholders(m.id)}: {_short(m.string)}")
+    return problems
 
 
 # ----------------------------------------------------------------------------- checking
@@ -269,7 +322,7 @@ def glossary_problems(locale_dir: Path = LOCALE_DIR, path: Path = GLOSSARY) -> l
         for m in read_catalogue(po):
             if not (m.id and m.string) or m.fuzzy:
                 continue
-            english = _VERBATIM.sub(" ", m.id)
+            english = _VERBATIM.sub(" ", without_fields(m.id) if is_code_catalogue(name) else m.id)
             # Longest terms first: a term inside a longer one that the translation keeps
             # ("GPU memory" in "GPU memory wall", 内存墙) is not looked for again.
             for term, (pattern, zh) in sorted(patterns.items(), key=lambda t: -len(t[0])):
@@ -346,8 +399,9 @@ def forbidden_problems(locale_dir: Path = LOCALE_DIR, path: Path = GLOSSARY) -> 
         name = po.relative_to(locale_dir).with_suffix("").as_posix()
         for m in read_catalogue(po):
             if m.id and m.string and not m.fuzzy:
+                text = without_fields(m.string) if is_code_catalogue(name) else m.string
                 problems += [f"{name}: forbidden {found!r} (use {instead}): {_short(m.string)}"
-                             for found, instead in forbidden_in(m.string, variants)]
+                             for found, instead in forbidden_in(text, variants)]
     return problems
 
 
@@ -363,7 +417,7 @@ def dropped_problems(locale_dir: Path = LOCALE_DIR) -> list[str]:
     problems = []
     for po in sorted(Path(locale_dir).rglob("*.po")):
         name = po.relative_to(locale_dir).with_suffix("").as_posix()
-        if name == NOTEBOOKS_DOMAIN:
+        if name == NOTEBOOKS_DOMAIN or is_code_catalogue(name):  # not Sphinx's: nothing drops
             continue
         for m in read_catalogue(po):
             if m.id and m.string and not m.fuzzy and _BLOCK_START.match(m.string):
@@ -508,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         results = compare(pot_dir)
     print(report(results, details=args.command == "check"))
     terms = (glossary_problems() + forbidden_problems() + dropped_problems()
-             + math_text_problems() + verbatim_problems())
+             + math_text_problems() + verbatim_problems() + placeholder_problems())
     if args.command == "check" and terms:
         print(f"\n{len(terms)} translations break the glossary ({GLOSSARY.relative_to(ROOT)}) or "
               "lose a role, code, math or a URL of the English:")
