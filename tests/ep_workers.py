@@ -52,9 +52,10 @@ def steer(model, step):
 
 
 def reference_train(name, world):
-    """One process: each step, the mean over the dp shards of their losses, SGD, the bias update."""
+    """One process: each step, the mean over the dp shards of their losses, SGD, the bias update.
+    Also each step's loads (what the bias update reads), per MoE layer."""
     model, gamma = make_model(name), CONFIGS[name][1]
-    opt, losses = torch.optim.SGD(model.parameters(), lr=LR), []
+    opt, losses, loads = torch.optim.SGD(model.parameters(), lr=LR), [], []
     for step in range(STEPS):
         x, y = batch(step, world)
         steer(model, step)
@@ -65,15 +66,25 @@ def reference_train(name, world):
             (loss / world).backward()
             shard.append(loss.item())
         opt.step()
+        loads.append([m.load.clone() for m in moe_layers(model)])
         update_expert_bias(model, gamma)
         losses.append(shard)
-    return model, losses
+    return model, losses, loads
 
 
-def _train_rank(name, dims, zero_stage):
+def _loads(model, group):
+    """Each MoE layer's load summed over ``group`` (a copy: the bias update sums it itself)."""
+    out = [m.load.clone() for m in moe_layers(model)]
+    for load in out:
+        dist.all_reduce(load, group=group)
+    return out
+
+
+def _train_rank(name, dims, zero_stage, knobs):
     mesh = dims.build_mesh("cpu")
-    pm = parallelize_gpt(make_model(name), dims, mesh, zero_stage=zero_stage)
+    pm = parallelize_gpt(make_model(name), dims, mesh, zero_stage=zero_stage, **knobs)
     opt, gamma, losses, counted = pm.build_optimizer(torch.optim.SGD, lr=LR), CONFIGS[name][1], [], None
+    loads = []
     for step in range(STEPS):
         x, y = batch(step, dims.world_size)
         steer(pm.model, step)
@@ -83,9 +94,10 @@ def _train_rank(name, dims, zero_stage):
         if step == COUNTED_STEP:
             counted = (comm.stats.bytes["all_to_all"], [m.kept for m in moe_layers(pm.model)])
         opt.step()
+        loads.append(_loads(pm.model, pm.group["dp"]))
         update_expert_bias(pm.model, gamma, group=pm.group["dp"])
     biases = [m.expert_bias.clone() for m in moe_layers(pm.model)]
-    return {"state": pm.full_state(), "losses": losses, "counted": counted, "biases": biases,
+    return {"state": pm.full_state(), "losses": losses, "counted": counted, "biases": biases, "loads": loads,
             "ep_index": pm.coords.dp % dims.ep_size}
 
 
@@ -102,8 +114,13 @@ def _all_to_all_grad(rank, world):
 
 
 def ep_rank(rank, world_size, runs):
-    """Each (config name, dp_size, ep_size, zero_stage) of ``runs`` trained; then the all-to-all's gradient."""
-    out = {run: _train_rank(run[0], ParallelDims(dp_size=run[1], ep_size=run[2]), run[3]) for run in runs}
+    """Each (config name, dp_size, ep_size, zero_stage, more knobs) of ``runs`` trained (``more``:
+    pairs of ParallelDims fields or parallelize_gpt keywords); then the all-to-all's gradient."""
+    out = {}
+    for run in runs:
+        more = dict(run[4])
+        sizes = {k: more.pop(k) for k in ("tp_size", "pp_size") if k in more}
+        out[run] = _train_rank(run[0], ParallelDims(dp_size=run[1], ep_size=run[2], **sizes), run[3], more)
     out["all_to_all"] = _all_to_all_grad(rank, world_size)
     dist.barrier()
     return out

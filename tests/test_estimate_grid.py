@@ -108,6 +108,7 @@ CASES_4 = [  # and on 4 ranks, in a second launch
     ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=1)),
     ("mixtral-capacity", (4, 1, 1, 1, 4), dict(zero_stage=1)),
     ("deepseek", (4, 1, 1), dict(zero_stage=1)),
+    ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=1, checkpoint="full")),  # the recomputation re-runs the all-to-all
 ]
 SIZES = [8] * len(CASES) + [4] * len(CASES_4)
 CASES = CASES + CASES_4
@@ -186,10 +187,10 @@ def routed_difference(case, moe_rows) -> int:
     """What a rank's MoE layers kept beyond the estimate's balanced count: the estimate takes the
     rows a layer dispatches at their bound (N k dropless, at most E C under a capacity) and its
     experts' rows as many (routing balanced over the ep ranks); the rows that ran (``moe_rows``,
-    counted by the worker) depend on the routing. 0 for a model without experts."""
+    counted by the worker) depend on the routing. 0 for a model without experts or recomputed in full."""
     family, (dp, *rest), kw = case
     cfg, ep = GPTConfig(**FAMILIES[family]), (list(rest) + [1, 1, 1, 1])[3]
-    if not cfg.n_experts:
+    if not cfg.n_experts or kw.get("checkpoint") == "full":  # recomputed in full: a layer keeps its input only
         return 0
     shape, e = ModelShape.from_config(cfg), 2 if kw.get("precision") == "bf16" else 4
     count = dict(dtype_bytes=e, ep_size=ep, capacity_factor=cfg.capacity_factor)

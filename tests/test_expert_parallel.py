@@ -21,9 +21,12 @@ from labkit.parallel import ParallelDims
 
 pytestmark = pytest.mark.xdist_group("dist:expert_parallel")
 
-RUNS = {  # (config, dp_size, ep_size, zero_stage); ep_size=1: experts replicated, plain data parallelism
-    2: [("mixtral", 2, 2, 0), ("mixtral", 2, 2, 1), ("deepseek", 2, 1, 0), ("mixtral", 2, 1, 1)],
-    4: [("mixtral", 4, 4, 0), ("deepseek", 4, 2, 0), ("deepseek", 4, 2, 1)],
+FULL, SELECTIVE = (("checkpoint", "full"),), (("checkpoint", "selective"),)
+RUNS = {  # (config, dp_size, ep_size, zero_stage, more knobs); ep_size=1: experts replicated, plain data parallelism
+    2: [("mixtral", 2, 2, 0, ()), ("mixtral", 2, 2, 1, ()), ("deepseek", 2, 1, 0, ()), ("mixtral", 2, 1, 1, ()),
+        ("deepseek", 2, 2, 1, FULL)],
+    4: [("mixtral", 4, 4, 0, ()), ("deepseek", 4, 2, 0, ()), ("deepseek", 4, 2, 1, ()), ("deepseek", 4, 4, 0, FULL),
+        ("mixtral", 4, 2, 0, SELECTIVE)],
 }
 
 
@@ -42,14 +45,18 @@ def _close(actual, expected):
 
 def test_training_with_sharded_experts_equals_one_process(ranks):
     world, results = ranks
-    for name, dp, ep, zero in RUNS[world]:
-        ref, ref_losses = reference_train(name, world)
+    for run in RUNS[world]:
+        name, dp, ep = run[:3]
+        ref, ref_losses, ref_loads = reference_train(name, world)
         ref_state = dict(ref.named_parameters())
         n_local = experts_per_rank(CONFIGS[name][0].n_experts, ep)
         for rank, res in enumerate(results):
-            mine = res[(name, dp, ep, zero)]
+            mine = res[run]
             for step in range(STEPS):
                 _close(torch.tensor(mine["losses"][step]), torch.tensor(ref_losses[step][rank]))
+                # what the bias update reads: each token's choices counted once, recomputed or not
+                for load, expected in zip(mine["loads"][step], ref_loads[step]):
+                    torch.testing.assert_close(load, expected, rtol=0, atol=0)
             j = mine["ep_index"]
             assert set(mine["state"]) == set(ref_state)
             for pname, value in mine["state"].items():
@@ -81,12 +88,13 @@ def test_all_to_all_gradient_equals_the_one_process_gradient(ranks):
 
 def test_comm_counter_sees_the_formulas_all_to_all_bytes(ranks):
     world, results = ranks
-    for name, dp, ep, zero in RUNS[world]:
-        if ep == 1:
-            continue  # no all-to-all: experts replicated
+    for run in RUNS[world]:
+        name, dp, ep = run[:3]
+        if ep == 1 or run[4] == FULL:
+            continue  # no all-to-all (experts replicated), or a recomputed forward's all-to-all too
         cfg = CONFIGS[name][0]
         groups, _ = ParallelDims(dp_size=dp, ep_size=ep).expert_groups()
-        counted = [res[(name, dp, ep, zero)]["counted"] for res in results]
+        counted = [res[run]["counted"] for res in results]
         n_layers = len(counted[0][1])
         # the counter reads both buffers of a call, sent and received: twice the bytes sent
         expected = 2 * sum(all_to_all_bytes(sum(counted[r][1][i] for r in g), cfg.d_model, cfg.n_experts, ep, 8)
@@ -119,7 +127,6 @@ def test_ep_groups_are_taken_from_the_data_parallel_ranks():
     (ParallelDims(dp_size=2, pp_size=2), {}, "pp_size=2"),
     (ParallelDims(dp_size=2, cp_size=2), {}, "cp_size=2"),
     (ParallelDims(dp_size=2, ep_size=2), {"zero_stage": 2}, "zero_stage=2"),
-    (ParallelDims(dp_size=2, ep_size=2), {"checkpoint": "full"}, "checkpoint='full'"),
     (ParallelDims(dp_size=4, ep_size=4), {}, "ep_size=4 must divide n_experts=2"),
 ])
 def test_parallelize_refuses_what_experts_do_not_compose_with_by_name(dims, kwargs, match):
@@ -127,9 +134,9 @@ def test_parallelize_refuses_what_experts_do_not_compose_with_by_name(dims, kwar
     from labkit.parallel.experts import check_experts_combination
 
     model = build_model(GPTConfig(**{**CONFIGS["mixtral"][0].to_dict(), "n_experts": 2, "experts_per_token": 1}))
-    args = {"sequence_parallel": False, "zero_stage": 0, "checkpoint": "none", **kwargs}
+    args = {"sequence_parallel": False, "zero_stage": 0, **kwargs}
     with pytest.raises(ValueError, match=match):
-        check_experts_combination(model, dims, args["sequence_parallel"], args["zero_stage"], args["checkpoint"])
+        check_experts_combination(model, dims, args["sequence_parallel"], args["zero_stage"])
 
 
 def test_ep_size_without_experts_is_refused():
@@ -138,7 +145,7 @@ def test_ep_size_without_experts_is_refused():
 
     with pytest.raises(ValueError, match=r"ep_size=2 needs a model with experts \(cfg.n_experts > 0\)"):
         check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2),
-                                  False, 0, "none")
+                                  False, 0)
 
 
 def test_expert_major_order_regroups_rows_by_expert_and_its_inverse_undoes_it():

@@ -38,8 +38,8 @@ def build_expert_groups(dims, rank: int):
     return tuple(mine)
 
 
-def check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint) -> None:
-    """Refuse by name what experts do not compose with here: data parallelism and ZeRO-1 only."""
+def check_experts_combination(model, dims, sequence_parallel, zero_stage) -> None:
+    """Refuse by name what experts do not compose with here (:func:`.compose.experts_beyond`)."""
     if not isinstance(dims, ParallelDims):
         return  # parallelize_gpt's mesh check names it
     has_experts = bool(getattr(model.cfg, "n_experts", 0))
@@ -48,11 +48,11 @@ def check_experts_combination(model, dims, sequence_parallel, zero_stage, checkp
     if not has_experts:
         return
     check_ep_size(dims.ep_size, model.cfg.n_experts)
-    bad = experts_beyond(dims.tp_size, dims.pp_size, dims.cp_size, zero_stage, checkpoint, sequence_parallel)
+    bad = experts_beyond(dims.tp_size, dims.pp_size, dims.cp_size, zero_stage, sequence_parallel)
     if bad:
         raise ValueError(f"a model with experts (n_experts={model.cfg.n_experts}) with {', '.join(bad)}: "
-                         "experts compose here with data and expert parallelism and ZeRO-1 only; use "
-                         "tp_size=pp_size=cp_size=1, zero_stage <= 1, checkpoint='none'")
+                         "experts compose here with data and expert parallelism, ZeRO-1 and recomputation "
+                         "only; use tp_size=pp_size=cp_size=1, zero_stage <= 1")
 
 
 def shard_experts(model, dims, dp_group):

@@ -231,7 +231,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     parallelism over "cp", the pipeline over "pp" (``schedule``, ``num_microbatches`` m, ``v``),
     ``checkpoint`` (:data:`CHECKPOINTS`; under ZeRO-3 inside its units), then plain data
     parallelism or ZeRO stage 1-3 over the dp x cp ranks that hold the same parameters; experts
-    over "ep" with data parallelism and ZeRO-1 (:mod:`.experts`). Refused with a ValueError:
+    over "ep" (:mod:`.experts`; what they compose with: :func:`.compose.experts_beyond`). Refused with a ValueError:
     sequence parallelism without tp > 1, and :data:`labkit.parallel.compose.NOT_COMPOSED`.
     """
     if isinstance(dims, RunConfig):
@@ -245,7 +245,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     check_choice("schedule", schedule, SCHEDULES)
     check_int("num_microbatches", num_microbatches, 1)
     check_int("v", v, 1)
-    check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint)
+    check_experts_combination(model, dims, sequence_parallel, zero_stage)
     _check_mesh(dims, mesh)
     check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
@@ -263,12 +263,13 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
         ring = partial(checkpoint_scratch, ring_attention, params=[]) if checkpoint == "selective" else None
         # under ZeRO its mean over the dp x cp ranks sums the sequence's shares (grad_sync=False)
         apply_context_parallel(model, mesh.get_group("cp"), attention=ring, grad_sync=zero_stage == 0)
-    if checkpoint != "none" and zero_stage != 3:
+    expert_replicas = shard_experts(model, dims, mesh.get_group("dp"))  # ep > 1: experts over "ep"
+    if checkpoint != "none" and zero_stage != 3:  # after the experts' sharding: it checkpoints what stays
         apply_checkpointing(model, checkpoint)
     chunks = build_chunks(model, ranges, pp, stage) if pp > 1 else None
     pm = ParallelModel(model, dims, mesh, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
                        num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions,
-                       expert_replicas=shard_experts(model, dims, mesh.get_group("dp")))  # ep > 1: experts over "ep"
+                       expert_replicas=expert_replicas)
     if checkpoint != "none" and zero_stage == 3:  # inside ZeRO-3's units: a recomputed block gathers again
         apply_checkpointing(model, checkpoint, sharded=BlockShards(pm.fsdp_chunks or [pm.fsdp]))
     return pm
