@@ -109,6 +109,7 @@ CASES_4 = [  # and on 4 ranks, in a second launch
     ("mixtral-capacity", (4, 1, 1, 1, 4), dict(zero_stage=1)),
     ("deepseek", (4, 1, 1), dict(zero_stage=1)),
     ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=1, checkpoint="full")),  # the recomputation re-runs the all-to-all
+    ("mixtral", (4, 1, 1, 1, 2), dict(zero_stage=2)),  # the experts' gradients reduce-scattered over 2 replicas
 ]
 SIZES = [8] * len(CASES) + [4] * len(CASES_4)
 CASES = CASES + CASES_4

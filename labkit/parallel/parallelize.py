@@ -43,7 +43,8 @@ from .compose import check_combination, knobs_of_run
 from .config import RunConfig
 from .context import context_parallel_chunks, context_parallel_loss_fn
 from .dims import AXES, ParallelDims
-from .experts import ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, shard_experts
+from .experts import (ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, shard_experts,
+                      split_experts)
 from .zero3 import BlockShards, ShardedSequenceSum, replica_group, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
@@ -159,10 +160,14 @@ class ParallelModel:
         shards then line up at the pipeline's two ends, which sum their gradients; with sequence
         parallelism the sequence-sharded parameters' shards are summed over "tp" (:mod:`.zero3`)."""
         named, pp = self.named_parameters(), self.dims.pp_size > 1
+        if self.expert_replicas is not None:  # the experts reduce-scattered over their replicas
+            named = split_experts(named)[0]
         groups = [{"params": [(n, p) for n, p in named if not (pp and p is self._tied)]}]
         if len(groups[0]["params"]) < len(named):
             groups.append({"params": [(n, p) for n, p in named if p is self._tied]})
-        opt = ShardedGradOptimizer(groups, optimizer_cls, group=self.group["replicas"], **kwargs)
+        opt = ShardedGradOptimizer(groups, optimizer_cls, group=self.group["replicas"], **kwargs) \
+            if self.expert_replicas is None else \
+            expert_sharded_optimizer(self, optimizer_cls, kwargs, sharded=ShardedGradOptimizer, dense=groups)
         if self.dims.pp_size > 1:
             self._tied = opt.slice_of(self._tied)  # None on a middle stage
         if self.sequence_parallel:
