@@ -10,6 +10,7 @@ from labkit.expert_parallel import all_to_all
 from labkit.model import GPTConfig, build_model
 from labkit.moe import moe_layers, update_expert_bias
 from labkit.parallel import ParallelDims, parallelize_gpt
+from labkit.tensor_parallel import apply_tensor_parallel
 
 BASE = dict(n_layer=2, n_head=2, d_model=8, d_ff=16, vocab_size=32, seq_len=8, norm="rmsnorm", mlp="swiglu",
             pos="rope", bias=False, tie_embeddings=False, n_experts=4, experts_per_token=2, d_expert=8,
@@ -51,9 +52,11 @@ def steer(model, step):
             layer.expert_bias.zero_()
 
 
-def reference_train(name, world):
-    """One process: each step, the mean over the dp shards of their losses, SGD, the bias update.
-    Also each step's loads (what the bias update reads), per MoE layer."""
+def reference_train(name, world, dp=None):
+    """One process: each step, the mean over the ``dp`` shards (default ``world``) of the global
+    batch of their losses, SGD, the bias update. Also each step's loads (what the bias update
+    reads), per MoE layer."""
+    dp = world if dp is None else dp
     model, gamma = make_model(name), CONFIGS[name][1]
     opt, losses, loads = torch.optim.SGD(model.parameters(), lr=LR), [], []
     for step in range(STEPS):
@@ -61,9 +64,9 @@ def reference_train(name, world):
         steer(model, step)
         opt.zero_grad(set_to_none=True)
         shard = []
-        for xs, ys in zip(x.chunk(world), y.chunk(world)):
+        for xs, ys in zip(x.chunk(dp), y.chunk(dp)):
             loss = model(xs, ys)
-            (loss / world).backward()
+            (loss / dp).backward()
             shard.append(loss.item())
         opt.step()
         loads.append([m.load.clone() for m in moe_layers(model)])
@@ -97,8 +100,13 @@ def _train_rank(name, dims, zero_stage, knobs):
         loads.append(_loads(pm.model, pm.group["dp"]))
         update_expert_bias(pm.model, gamma, group=pm.group["dp"])
     biases = [m.expert_bias.clone() for m in moe_layers(pm.model)]
-    return {"state": pm.full_state(), "losses": losses, "counted": counted, "biases": biases, "loads": loads,
-            "ep_index": pm.coords.dp % dims.ep_size}
+    want = None
+    if dims.tp_size > 1:  # the one-process model's values, tensor-parallel sharded as this rank's
+        twin = reference_train(name, dims.world_size, dims.dp_size)[0]
+        apply_tensor_parallel(twin, pm.group["tp"], knobs.get("sequence_parallel", False), init_sync=None)
+        want = {n: p.detach().clone() for n, p in twin.named_parameters()}
+    return {"want": want, "state": pm.full_state(), "losses": losses, "counted": counted, "biases": biases, "loads": loads,
+            "ep_index": pm.coords.dp % dims.ep_size, "dp_index": pm.coords.dp}
 
 
 def _all_to_all_grad(rank, world):

@@ -78,7 +78,7 @@ def test_a_capacity_bounds_the_rows_and_the_bytes():
 
 @pytest.mark.parametrize("call, words", [
     (lambda: training_memory(GPTConfig(**MIXTRAL), seq_len=16, micro_batch=1, dims=RunConfig(tp_size=2).dims),
-     ["tp_size=2", "tensor-parallel experts", "tp_size=1"]),
+     ["tp_size=2", "experts under tensor parallelism", "tp_size=1"]),
     (lambda: training_memory(GPTConfig(**MIXTRAL), run=RunConfig(seq_len=16, kernels="fused")), ["kernels='fused'"]),
     (lambda: training_memory("qwen1.5-moe-a2.7b", seq_len=64, micro_batch=1), ["shared-expert gate"]),
     (lambda: training_memory("gpt-oss-20b", seq_len=64, micro_batch=1), ["expert biases", "attention sinks"]),

@@ -21,13 +21,14 @@ from labkit.parallel import ParallelDims
 
 pytestmark = pytest.mark.xdist_group("dist:expert_parallel")
 
-FULL, SELECTIVE = (("checkpoint", "full"),), (("checkpoint", "selective"),)
+FULL, SELECTIVE, TP = (("checkpoint", "full"),), (("checkpoint", "selective"),), (("tp_size", 2),)
 RUNS = {  # (config, dp_size, ep_size, zero_stage, more knobs); ep_size=1: experts replicated, plain data parallelism
     2: [("mixtral", 2, 2, 0, ()), ("mixtral", 2, 2, 1, ()), ("deepseek", 2, 1, 0, ()), ("mixtral", 2, 1, 1, ()),
         ("deepseek", 2, 2, 1, FULL), ("deepseek", 2, 2, 2, FULL)],
     4: [("mixtral", 4, 4, 0, ()), ("deepseek", 4, 2, 0, ()), ("deepseek", 4, 2, 1, ()), ("deepseek", 4, 4, 0, FULL),
         ("mixtral", 4, 2, 0, SELECTIVE), ("deepseek", 4, 2, 2, ()),
-        ("mixtral", 4, 2, 2, (("num_microbatches", 2),))],  # dropless: a capacity counts a micro-batch's tokens
+        ("mixtral", 4, 2, 2, (("num_microbatches", 2),)),  # dropless: a capacity counts a micro-batch's tokens
+        ("deepseek", 2, 2, 1, TP + (("sequence_parallel", True),)), ("mixtral", 2, 2, 2, TP + FULL)],
 }
 
 
@@ -48,13 +49,14 @@ def test_training_with_sharded_experts_equals_one_process(ranks):
     world, results = ranks
     for run in RUNS[world]:
         name, dp, ep = run[:3]
-        ref, ref_losses, ref_loads = reference_train(name, world)
-        ref_state = dict(ref.named_parameters())
+        ref, ref_losses, ref_loads = reference_train(name, world, dp)
         n_local = experts_per_rank(CONFIGS[name][0].n_experts, ep)
         for rank, res in enumerate(results):
             mine = res[run]
+            # tp > 1: the one-process model's values sharded as the rank's (the worker's twin)
+            ref_state = mine["want"] or dict(ref.named_parameters())
             for step in range(STEPS):
-                _close(torch.tensor(mine["losses"][step]), torch.tensor(ref_losses[step][rank]))
+                _close(torch.tensor(mine["losses"][step]), torch.tensor(ref_losses[step][mine["dp_index"]]))
                 # what the bias update reads: each token's choices counted once, recomputed or not
                 for load, expected in zip(mine["loads"][step], ref_loads[step]):
                     torch.testing.assert_close(load, expected, rtol=0, atol=0)
@@ -124,7 +126,6 @@ def test_ep_groups_are_taken_from_the_data_parallel_ranks():
 
 
 @pytest.mark.parametrize("dims, kwargs, match", [
-    (ParallelDims(dp_size=2, tp_size=2), {}, "tp_size=2"),
     (ParallelDims(dp_size=2, pp_size=2), {}, "pp_size=2"),
     (ParallelDims(dp_size=2, cp_size=2), {}, "cp_size=2"),
     (ParallelDims(dp_size=2, ep_size=2), {"zero_stage": 3}, "zero_stage=3"),
@@ -135,9 +136,8 @@ def test_parallelize_refuses_what_experts_do_not_compose_with_by_name(dims, kwar
     from labkit.parallel.experts import check_experts_combination
 
     model = build_model(GPTConfig(**{**CONFIGS["mixtral"][0].to_dict(), "n_experts": 2, "experts_per_token": 1}))
-    args = {"sequence_parallel": False, "zero_stage": 0, **kwargs}
     with pytest.raises(ValueError, match=match):
-        check_experts_combination(model, dims, args["sequence_parallel"], args["zero_stage"])
+        check_experts_combination(model, dims, kwargs.get("zero_stage", 0))
 
 
 def test_ep_size_without_experts_is_refused():
@@ -145,8 +145,7 @@ def test_ep_size_without_experts_is_refused():
     from labkit.parallel.experts import check_experts_combination
 
     with pytest.raises(ValueError, match=r"ep_size=2 needs a model with experts \(cfg.n_experts > 0\)"):
-        check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2),
-                                  False, 0)
+        check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2), 0)
 
 
 def test_expert_major_order_regroups_rows_by_expert_and_its_inverse_undoes_it():

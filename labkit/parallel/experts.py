@@ -38,7 +38,7 @@ def build_expert_groups(dims, rank: int):
     return tuple(mine)
 
 
-def check_experts_combination(model, dims, sequence_parallel, zero_stage) -> None:
+def check_experts_combination(model, dims, zero_stage) -> None:
     """Refuse by name what experts do not compose with here (:func:`.compose.experts_beyond`)."""
     if not isinstance(dims, ParallelDims):
         return  # parallelize_gpt's mesh check names it
@@ -48,11 +48,11 @@ def check_experts_combination(model, dims, sequence_parallel, zero_stage) -> Non
     if not has_experts:
         return
     check_ep_size(dims.ep_size, model.cfg.n_experts)
-    bad = experts_beyond(dims.tp_size, dims.pp_size, dims.cp_size, zero_stage, sequence_parallel)
+    bad = experts_beyond(dims.pp_size, dims.cp_size, zero_stage)
     if bad:
         raise ValueError(f"a model with experts (n_experts={model.cfg.n_experts}) with {', '.join(bad)}: "
-                         "experts compose here with data and expert parallelism, ZeRO-1/2 and recomputation "
-                         "only; use tp_size=pp_size=cp_size=1, zero_stage <= 2")
+                         "experts compose here with data, expert and tensor parallelism, ZeRO-1/2 and "
+                         "recomputation only; use pp_size=cp_size=1, zero_stage <= 2")
 
 
 def shard_experts(model, dims, dp_group):

@@ -250,7 +250,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     check_choice("schedule", schedule, SCHEDULES)
     check_int("num_microbatches", num_microbatches, 1)
     check_int("v", v, 1)
-    check_experts_combination(model, dims, sequence_parallel, zero_stage)
+    check_experts_combination(model, dims, zero_stage)
     _check_mesh(dims, mesh)
     check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
