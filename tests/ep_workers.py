@@ -8,7 +8,7 @@ import torch.distributed as dist
 from labkit.comm_counter import CommCounter
 from labkit.expert_parallel import all_to_all
 from labkit.model import GPTConfig, build_model
-from labkit.moe import moe_layers, update_expert_bias
+from labkit.moe import MoE, moe_layers, update_expert_bias
 from labkit.parallel import ParallelDims, parallelize_gpt
 from labkit.tensor_parallel import apply_tensor_parallel
 
@@ -52,33 +52,46 @@ def steer(model, step):
             layer.expert_bias.zero_()
 
 
-def reference_train(name, world, dp=None):
-    """One process: each step, the mean over the ``dp`` shards (default ``world``) of the global
-    batch of their losses, SGD, the bias update. Also each step's loads (what the bias update
-    reads), per MoE layer."""
+def moe_blocks(model) -> dict:
+    """{block index: its MoE layer}."""
+    return {i: b.mlp for i, b in enumerate(model.blocks) if isinstance(b.mlp, MoE)}
+
+
+def reference_train(name, world, dp=None, m=1):
+    """One process: each step, the global batch in ``dp`` shards (default ``world``) of ``m``
+    micro-batches, each loss / (dp m) backward, SGD, the bias update. Also, each step, each shard's
+    mean loss and its mean cross-entropy (the loss less the aux losses: what a pipeline's last
+    stage reports), and each MoE layer's load (what the bias update reads)."""
     dp = world if dp is None else dp
     model, gamma = make_model(name), CONFIGS[name][1]
-    opt, losses, loads = torch.optim.SGD(model.parameters(), lr=LR), [], []
+    opt, losses, ces, loads = torch.optim.SGD(model.parameters(), lr=LR), [], [], []
     for step in range(STEPS):
         x, y = batch(step, world)
         steer(model, step)
         opt.zero_grad(set_to_none=True)
-        shard = []
+        shard, ce = [], []
         for xs, ys in zip(x.chunk(dp), y.chunk(dp)):
-            loss = model(xs, ys)
-            (loss / dp).backward()
-            shard.append(loss.item())
+            run, run_ce = [], []
+            for xm, ym in zip(xs.chunk(m), ys.chunk(m)):
+                loss = model(xm, ym)
+                (loss / (dp * m)).backward()
+                aux = [layer.aux_loss for layer in moe_layers(model) if layer.aux_loss is not None]
+                run.append(loss.item())
+                run_ce.append(loss.item() - (model.cfg.aux_loss_coef * sum(aux)).item() if aux else loss.item())
+            shard.append(sum(run) / m)
+            ce.append(sum(run_ce) / m)
         opt.step()
-        loads.append([m.load.clone() for m in moe_layers(model)])
+        loads.append({i: layer.load.clone() for i, layer in moe_blocks(model).items()})
         update_expert_bias(model, gamma)
         losses.append(shard)
-    return model, losses, loads
+        ces.append(ce)
+    return model, losses, loads, ces
 
 
 def _loads(model, group):
     """Each MoE layer's load summed over ``group`` (a copy: the bias update sums it itself)."""
-    out = [m.load.clone() for m in moe_layers(model)]
-    for load in out:
+    out = {i: layer.load.clone() for i, layer in moe_blocks(model).items()}
+    for load in out.values():
         dist.all_reduce(load, group=group)
     return out
 
@@ -99,10 +112,10 @@ def _train_rank(name, dims, zero_stage, knobs):
         opt.step()
         loads.append(_loads(pm.model, pm.group["dp"]))
         update_expert_bias(pm.model, gamma, group=pm.group["dp"])
-    biases = [m.expert_bias.clone() for m in moe_layers(pm.model)]
+    biases = {i: layer.expert_bias.clone() for i, layer in moe_blocks(pm.model).items()}
     want = None
     if dims.tp_size > 1:  # the one-process model's values, tensor-parallel sharded as this rank's
-        twin = reference_train(name, dims.world_size, dims.dp_size)[0]
+        twin = reference_train(name, dims.world_size, dims.dp_size, knobs.get("num_microbatches", 1))[0]
         apply_tensor_parallel(twin, pm.group["tp"], knobs.get("sequence_parallel", False), init_sync=None)
         want = {n: p.detach().clone() for n, p in twin.named_parameters()}
     return {"want": want, "state": pm.full_state(), "losses": losses, "counted": counted, "biases": biases, "loads": loads,

@@ -118,10 +118,10 @@ def test_the_planner_sweeps_ep_and_marks_runnable_only_what_labkit_composes():
         assert pl.unrunnable == runnable_reason(pl.run, experts=True)
     assert any(pl.unrunnable for pl in every.plans)
     runnable = plan_training("mixtral-8x7b", **MIXTRAL_16)
-    assert all(not pl.unrunnable and pl.pp_size == 1 and pl.zero_stage <= 2 for pl in runnable.plans)
+    assert all(not pl.unrunnable and pl.cp_size == 1 and pl.zero_stage <= 2 for pl in runnable.plans)
     assert runnable.refused.get("ep_composed")
-    # a model with experts is refused tp, pp and ZeRO-3 whatever its ep
-    run = RunConfig(dp_size=8, pp_size=2)
+    # a model with experts is refused cp and ZeRO-3 whatever its ep
+    run = RunConfig(dp_size=8, cp_size=2)
     assert runnable_reason(run) == "" and runnable_reason(run, experts=True)
 
 

@@ -48,11 +48,11 @@ def check_experts_combination(model, dims, zero_stage) -> None:
     if not has_experts:
         return
     check_ep_size(dims.ep_size, model.cfg.n_experts)
-    bad = experts_beyond(dims.pp_size, dims.cp_size, zero_stage)
+    bad = experts_beyond(dims.cp_size, zero_stage)
     if bad:
         raise ValueError(f"a model with experts (n_experts={model.cfg.n_experts}) with {', '.join(bad)}: "
-                         "experts compose here with data, expert and tensor parallelism, ZeRO-1/2 and "
-                         "recomputation only; use pp_size=cp_size=1, zero_stage <= 2")
+                         "experts compose here with data, expert, tensor and pipeline parallelism, ZeRO-1/2 "
+                         "and recomputation only; use cp_size=1, zero_stage <= 2")
 
 
 def shard_experts(model, dims, dp_group):

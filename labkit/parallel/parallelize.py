@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ..checkpoint import apply_checkpointing, checkpoint_scratch
 from ..context_parallel import apply_context_parallel, ring_attention, shard_sequence
 from ..data_parallel import DataParallelBucketed
+from ..moe.layer import moe_layers, set_aux_grad_scale
 from ..pipeline import SCHEDULES, build_chunks, check_same_model, make_schedule, run_schedule, split_stages
 from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
@@ -189,7 +190,7 @@ class ParallelModel:
     def forward_backward(self, x, y):
         """Forward and backward of this replica's batch (B, T) in m micro-batches; every gradient
         complete when it returns. The loss (the mean over the replica's tokens) on the last stage,
-        None on the others."""
+        None on the others; under pp > 1 the cross-entropy alone (aux losses join at their layers)."""
         m = self.num_microbatches
         if x.shape[0] % m:
             raise ValueError(f"num_microbatches={m} must divide this replica's batch of {x.shape[0]} sequences")
@@ -215,6 +216,9 @@ class ParallelModel:
 
     def _pipeline_step(self, x, y) -> list[float]:
         m, model = self.num_microbatches, self.model
+        # each stage's MoE layers add their aux losses' gradient (1 / m, the runtime's loss scale) in
+        # their own backward: the last stage's loss_fn is the cross-entropy alone (labkit.moe.layer)
+        set_aux_grad_scale(moe_layers(model), 1.0 / m)
         seq = x.shape[1] // self.dims.tp_size if self.sequence_parallel else x.shape[1]  # what stages exchange
         res = run_schedule(self.fsdp_chunks or self.chunks, self.actions, rank=self.coords.pp,
                            pp_size=self.dims.pp_size,
