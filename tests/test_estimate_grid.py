@@ -111,6 +111,7 @@ CASES_4 = [  # and on 4 ranks, in a second launch
     ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=1, checkpoint="full")),  # the recomputation re-runs the all-to-all
     ("mixtral", (4, 1, 1, 1, 2), dict(zero_stage=2)),  # the experts' gradients reduce-scattered over 2 replicas
     ("deepseek", (2, 1, 2, 1, 2), dict(zero_stage=1, num_microbatches=2)),  # a stage's experts over ep
+    ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=3)),  # each MoE layer's experts a unit over their 2 replicas
 ]
 SIZES = [8] * len(CASES) + [4] * len(CASES_4)
 CASES = CASES + CASES_4

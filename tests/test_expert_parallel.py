@@ -1,11 +1,14 @@
 """Expert parallelism on gloo ranks against one process (code shared: the model only).
 
 One launch per world size serves every check: a plain training loop over ``parallelize_gpt``
-with experts sharded over "ep" (or replicated, ep_size=1), under data parallelism or ZeRO-1,
-Mixtral-style and DeepSeek-style blocks, routing steered so that on step 0 two experts get no
-token and ranks send nothing, equals one process looping over the data-parallel shards; the
-all-to-all's gradient equals the one-process gradient; the all-to-all bytes CommCounter sees
-equal labkit.moe.analytic's formula.
+with experts sharded over "ep" (or replicated, ep_size=1), under data parallelism or ZeRO-1/2/3,
+with full or selective recomputation, tensor (and sequence) parallelism of the attention and the
+pipeline, Mixtral-style and DeepSeek-style blocks (the load-balancing loss, the bias update),
+routing steered so that on step 0 two experts get no token and ranks send nothing, equals one
+process looping over the data-parallel shards (and micro-batches): values, losses, and the load
+each bias update reads (a recomputed forward must not count it twice). The all-to-all's gradient
+equals the one-process gradient; the all-to-all bytes CommCounter sees equal labkit.moe.analytic's
+formula.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ FULL, SELECTIVE, TP = (("checkpoint", "full"),), (("checkpoint", "selective"),),
 PP = (("pp_size", 2), ("num_microbatches", 2))
 RUNS = {  # (config, dp_size, ep_size, zero_stage, more knobs); ep_size=1: experts replicated, plain data parallelism
     2: [("mixtral", 2, 2, 0, ()), ("mixtral", 2, 2, 1, ()), ("deepseek", 2, 1, 0, ()), ("mixtral", 2, 1, 1, ()),
-        ("deepseek", 2, 2, 1, FULL), ("deepseek", 2, 2, 2, FULL), ("deepseek", 1, 1, 0, PP + FULL)],
+        ("deepseek", 2, 2, 1, FULL), ("deepseek", 2, 2, 2, FULL), ("deepseek", 1, 1, 0, PP + FULL),
+        ("deepseek", 2, 2, 3, FULL)],
     4: [("mixtral", 4, 4, 0, ()), ("deepseek", 4, 2, 0, ()), ("deepseek", 4, 2, 1, ()), ("deepseek", 4, 4, 0, FULL),
         ("mixtral", 4, 2, 0, SELECTIVE), ("deepseek", 4, 2, 2, ()),
         ("mixtral", 4, 2, 2, (("num_microbatches", 2),)),  # dropless: a capacity counts a micro-batch's tokens
         ("deepseek", 2, 2, 1, TP + (("sequence_parallel", True),)), ("mixtral", 2, 2, 2, TP + FULL),
-        ("deepseek", 2, 2, 2, PP), ("deepseek", 2, 2, 0, PP + (("schedule", "gpipe"),))],
+        ("deepseek", 2, 2, 2, PP), ("deepseek", 2, 2, 0, PP + (("schedule", "gpipe"),)),
+        ("deepseek", 4, 2, 3, ()), ("mixtral", 4, 2, 3, FULL), ("deepseek", 2, 2, 3, PP),
+        ("deepseek", 2, 2, 3, TP + (("sequence_parallel", True),))],
 }
 
 
@@ -140,18 +146,17 @@ def test_ep_groups_are_taken_from_the_data_parallel_ranks():
         ParallelDims(dp_size=4, ep_size=0)
 
 
-@pytest.mark.parametrize("dims, kwargs, match", [
-    (ParallelDims(dp_size=2, cp_size=2), {}, "cp_size=2"),
-    (ParallelDims(dp_size=2, ep_size=2), {"zero_stage": 3}, "zero_stage=3"),
-    (ParallelDims(dp_size=4, ep_size=4), {}, "ep_size=4 must divide n_experts=2"),
+@pytest.mark.parametrize("dims, match", [
+    (ParallelDims(dp_size=2, cp_size=2), "cp_size=2"),  # context parallelism: the one technique not composed
+    (ParallelDims(dp_size=4, ep_size=4), "ep_size=4 must divide n_experts=2"),
 ])
-def test_parallelize_refuses_what_experts_do_not_compose_with_by_name(dims, kwargs, match):
+def test_parallelize_refuses_what_experts_do_not_compose_with_by_name(dims, match):
     from labkit.model import GPTConfig, build_model
     from labkit.parallel.experts import check_experts_combination
 
     model = build_model(GPTConfig(**{**CONFIGS["mixtral"][0].to_dict(), "n_experts": 2, "experts_per_token": 1}))
     with pytest.raises(ValueError, match=match):
-        check_experts_combination(model, dims, kwargs.get("zero_stage", 0))
+        check_experts_combination(model, dims)
 
 
 def test_ep_size_without_experts_is_refused():
@@ -159,7 +164,7 @@ def test_ep_size_without_experts_is_refused():
     from labkit.parallel.experts import check_experts_combination
 
     with pytest.raises(ValueError, match=r"ep_size=2 needs a model with experts \(cfg.n_experts > 0\)"):
-        check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2), 0)
+        check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2))
 
 
 def test_expert_major_order_regroups_rows_by_expert_and_its_inverse_undoes_it():

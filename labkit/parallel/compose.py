@@ -17,12 +17,12 @@ from .config import RunConfig
 __all__ = ["NOT_COMPOSED", "experts_beyond", "runnable_reason", "refusal_key", "refusal_text", "check_runnable", "check_combination",
            "knobs_of_run"]
 
-def experts_beyond(cp_size: int, zero_stage: int) -> list:
+def experts_beyond(cp_size: int) -> list:
     """What a model with experts is run with beyond what labkit composes its experts with (data
-    and expert parallelism, ZeRO-0/1/2, recomputation, tensor and sequence parallelism of the
-    attention, the pipeline), each as ``name=value``; [] if nothing. The one home of that rule:
-    NOT_COMPOSED's ``ep_composed`` and ``parallelize_gpt`` ask it."""
-    return ([f"cp_size={cp_size}"] if cp_size > 1 else []) + ([f"zero_stage={zero_stage}"] if zero_stage > 2 else [])
+    and expert parallelism, ZeRO-0 to 3, recomputation, tensor and sequence parallelism of the
+    attention, the pipeline: all but context parallelism), each as ``name=value``; [] if nothing.
+    The one home of that rule: NOT_COMPOSED's ``ep_composed`` and ``parallelize_gpt`` ask it."""
+    return [f"cp_size={cp_size}"] if cp_size > 1 else []
 
 
 # (a key, a test on a RunConfig and whether the model has experts, why labkit does not run it);
@@ -38,9 +38,8 @@ NOT_COMPOSED = (
     ("reshard", lambda r, moe: not r.reshard_after_forward,
      "ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)"),
     ("ep_composed", lambda r, moe: (moe or r.ep_size > 1) and bool(
-        experts_beyond(r.cp_size, r.zero_stage)),
-     "a mixture of experts beyond data, expert, tensor and pipeline parallelism, ZeRO-1/2 and recomputation "
-     "(experts, or ep_size > 1, with cp > 1 or ZeRO-3)"),
+        experts_beyond(r.cp_size)),
+     "a mixture of experts with context parallelism (experts, or ep_size > 1, with cp > 1)"),
 )
 
 

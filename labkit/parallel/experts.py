@@ -17,12 +17,13 @@ import torch.distributed as dist
 
 from ..collectives import all_reduce_mean_, check_same_across_ranks
 from ..expert_parallel import apply_expert_parallel, check_ep_size
+from ..moe.layer import Experts
 from ..zero import ShardedGradOptimizer, ShardedOptimizer
 from .compose import experts_beyond
 from .dims import ParallelDims
 
 __all__ = ["ExpertDataParallel", "ExpertShardedOptimizer", "build_expert_groups", "check_experts_combination",
-           "expert_sharded_optimizer", "shard_experts", "split_experts"]
+           "expert_sharded_optimizer", "expert_units", "shard_experts", "split_experts"]
 
 
 def build_expert_groups(dims, rank: int):
@@ -38,7 +39,7 @@ def build_expert_groups(dims, rank: int):
     return tuple(mine)
 
 
-def check_experts_combination(model, dims, zero_stage) -> None:
+def check_experts_combination(model, dims) -> None:
     """Refuse by name what experts do not compose with here (:func:`.compose.experts_beyond`)."""
     if not isinstance(dims, ParallelDims):
         return  # parallelize_gpt's mesh check names it
@@ -48,11 +49,10 @@ def check_experts_combination(model, dims, zero_stage) -> None:
     if not has_experts:
         return
     check_ep_size(dims.ep_size, model.cfg.n_experts)
-    bad = experts_beyond(dims.cp_size, zero_stage)
+    bad = experts_beyond(dims.cp_size)
     if bad:
         raise ValueError(f"a model with experts (n_experts={model.cfg.n_experts}) with {', '.join(bad)}: "
-                         "experts compose here with data, expert, tensor and pipeline parallelism, ZeRO-1/2 "
-                         "and recomputation only; use cp_size=1, zero_stage <= 2")
+                         "experts compose here with every technique but context parallelism; use cp_size=1")
 
 
 def shard_experts(model, dims, dp_group):
@@ -149,3 +149,13 @@ def expert_sharded_optimizer(pm, optimizer_cls, kwargs, sharded=ShardedOptimizer
     rest, experts = split_experts(pm.named_parameters())
     return ExpertShardedOptimizer(rest if dense is None else dense, experts, optimizer_cls, pm.group["replicas"],
                                   pm.expert_replicas, pm.dims.ep_size, sharded=sharded, **kwargs)
+
+
+def expert_units(block_type, replica_group, dp_size: int):
+    """ZeRO-3's (unit predicate, ``unit_groups``) of :class:`labkit.zero.FullyShardedModule`: the
+    blocks; with experts sharded over "ep" (``replica_group`` not None) each MoE layer's experts
+    too, a unit sharded over the replicas that hold them, its gradient their sum / dp_size."""
+    if replica_group is None:
+        return (lambda m: isinstance(m, block_type)), None
+    return ((lambda m: isinstance(m, (block_type, Experts))),
+            (lambda m: (replica_group, dp_size) if isinstance(m, Experts) else None))

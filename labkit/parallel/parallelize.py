@@ -44,8 +44,8 @@ from .compose import check_combination, knobs_of_run
 from .config import RunConfig
 from .context import context_parallel_chunks, context_parallel_loss_fn
 from .dims import AXES, ParallelDims
-from .experts import (ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, shard_experts,
-                      split_experts)
+from .experts import (ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, expert_units,
+                      shard_experts, split_experts)
 from .zero3 import BlockShards, ShardedSequenceSum, replica_group, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
@@ -102,14 +102,18 @@ class ParallelModel:
             self._shard_fully(model, type(model.blocks[0]))
 
     def _shard_fully(self, model, block_type) -> None:
-        """ZeRO-3 over "dp": the whole model (one stage) or each chunk (:mod:`.zero3`); with
-        sequence parallelism, the sum over "tp" of the sequence-sharded parameters' shards."""
+        """ZeRO-3 over "dp": the whole model (one stage) or each chunk (:mod:`.zero3`), experts
+        sharded over "ep" over their replicas (:func:`.experts.expert_units`); with sequence
+        parallelism, the sum over "tp" of the sequence-sharded parameters' shards."""
+        is_unit, unit_groups = expert_units(block_type, self.expert_replicas, self.dims.dp_size)
         if self.chunks:
-            self.fsdp_chunks, self._tied = shard_chunks(model, self.chunks, self.group["replicas"], block_type)
+            self.fsdp_chunks, self._tied = shard_chunks(model, self.chunks, self.group["replicas"], is_unit,
+                                                        unit_groups)
             wrappers = self.fsdp_chunks
         else:
             sp = {n for n, p in self._named if getattr(p, "sequence_parallel", False)}
-            self.fsdp = FullyShardedModule(model, group=self.group["replicas"], unit_types=(block_type,))
+            self.fsdp = FullyShardedModule(model, group=self.group["replicas"], unit_types=is_unit,
+                                           unit_groups=unit_groups)
             self.fsdp.sequence_parallel_names = sp
             wrappers = [self.fsdp]
         self._named = [(n, None) for n, _ in self._named]  # names only: no reference to the full tensors
@@ -254,7 +258,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     check_choice("schedule", schedule, SCHEDULES)
     check_int("num_microbatches", num_microbatches, 1)
     check_int("v", v, 1)
-    check_experts_combination(model, dims, zero_stage)
+    check_experts_combination(model, dims)
     _check_mesh(dims, mesh)
     check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
