@@ -81,8 +81,10 @@ class _AuxLossGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        scale = ctx.layer.aux_grad_scale
-        return grad, (None if scale is None else torch.full((), float(scale), dtype=ctx.dtype, device=ctx.device)), None
+        scale = ctx.layer.aux_grad_scale  # a float, or the loss's gradient (a () tensor: no host sync)
+        if scale is None:
+            return grad, None, None
+        return grad, torch.as_tensor(scale).to(dtype=ctx.dtype, device=ctx.device).reshape(()), None
 
 
 class _LossScaleProbe(torch.autograd.Function):

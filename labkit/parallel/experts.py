@@ -1,11 +1,12 @@
-"""Expert parallelism composed with data parallelism: the groups, the refusals, the gradients.
+"""Expert parallelism composed with data parallelism and ZeRO: the groups, the refusals, the gradients.
 
 :class:`ExpertDataParallel` is data parallelism's end-of-step reduction when experts are sharded
 (:mod:`labkit.expert_parallel`): every gradient averaged over "dp", except an expert's, which
 only the dp / ep ranks holding that expert have. Those are summed over the replicas and divided by
 dp_size: each holder's gradient already sums its ep group's ranks' losses (the combine's backward
 brings them home), so the replicas' sum covers every data-parallel rank once, as one process
-summing dp_size local means and dividing by dp_size would.
+summing dp_size local means and dividing by dp_size would. ZeRO-1/2 (:class:`ExpertShardedOptimizer`)
+and ZeRO-3 (:func:`expert_units`) shard the experts over those replicas with the same scaling.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """A mixture of experts under tensor parallelism of the attention: the MoE layer replicated over "tp".
 
-The experts are not split by t (Megatron-LM's expert_tensor_parallel_size=1; their sharding is
-expert parallelism's, over "ep"): each tensor-parallel rank keeps the whole MoE layer (router,
-its E / ep experts, shared experts) and runs it on the same replicated input, so its parameters
-get the same full gradient on every rank and need no sum over "tp", as a norm's outside sequence
-parallelism. The cost: t times the layer's weights, FLOPs and activations on a tensor-parallel
-group. Under sequence parallelism the input is sequence-sharded (B, T/t, C): it is gathered
-first (the whole sequence, so the routing, the capacity and the load-balancing loss are one
-process's) and each rank keeps its positions of the output; backward mirrors both (Megatron's
-gather without a sum, its scatter). Routing the local shard alone would spare the t-fold compute
-but change the capacity's N and the load-balancing loss's means: not done here.
+Experts are not split by t (expert_tensor_parallel_size=1; "ep" shards them): each tp rank keeps
+the whole MoE layer and runs it on the same replicated input, so its parameters get the same full
+gradient on every rank and need no sum over "tp". The cost: t times the layer's weights, FLOPs and
+activations in a tensor-parallel group. Under sequence parallelism the (B, T/t, C) input is
+gathered first (the whole sequence: one process's routing, capacity and load-balancing loss) and
+each rank keeps its positions of the output; backward mirrors both. Routing the local shard alone
+would spare the t-fold compute but change the capacity's N and the loss's means: not done here.
 """
 
 from __future__ import annotations
