@@ -33,12 +33,14 @@ this grid's five cases the meter read from 7.4% below the estimate (GPT-2's bloc
 recomputation) to 3.8% above it (the Llama block, none), the same with attention="flash".
 
 Experts (labkit.moe, a Mixtral-style and a DeepSeek-style block, one with a capacity factor), in
-one process and on the 4-rank launch with ep = 2 and 4 over dp = 4, ZeRO-0 and ZeRO-1: model
-states to the byte on every rank (experts' optimizer states over the dp / ep ranks holding them).
+one process and on the 4-rank launch with ep = 2 and 4 over dp = 4 (and dp = 2 over two pipeline
+stages), ZeRO-0 to 3, full recomputation: model states to the byte on every rank (experts'
+gradients and optimizer states, and under ZeRO-3 their units, over the dp / ep ranks holding them).
 Activations to the byte given the rows that ran: which rows a rank's MoE layer keeps (under a
 capacity) and which its experts receive from the ep group depend on the routing, so the worker
-counts them and the comparison replaces the estimate's balanced rows with them
-(``labkit.estimate.experts.moe_layer_bytes``); everything else is the estimate's own.
+counts them (one stage only) and the comparison replaces the estimate's balanced rows with them
+(``labkit.estimate.experts.moe_layer_bytes``); everything else is the estimate's own. Experts
+under tensor parallelism (kept whole on each tp rank) are not estimated yet: the estimator refuses.
 
 Multi-head latent attention (labkit.mla; with and without a compressed query, and with DeepSeek's
 experts), in one process: model states and activations to the byte, with every recomputation mode
