@@ -22,7 +22,7 @@ from .layers import MLP, AttentionCore, Block, CausalSelfAttention, Rotary, make
 from .layers import repeat_kv
 from .mla import MultiHeadLatentAttention, check_mla_config
 from .moe.analytic import training_step_flops
-from .moe.layer import MoE, check_moe_config, moe_layers
+from .moe.layer import MoE, check_moe_config, moe_layers, set_aux_grad_scale, with_aux_loss
 from .validate import ArgumentError, check_float
 
 __all__ = ["GPTConfig", "GPT", "AttentionCore", "KVCacheProtocol", "PRESETS", "get_preset", "count_params",
@@ -242,6 +242,8 @@ class GPT(nn.Module):
         if kv_cache is not None and not callable(getattr(kv_cache, attend, None)):
             raise ValueError(f"kv_cache={type(kv_cache).__name__} has no {attend}(), which this model needs")
         pos = None if kv_cache is None else kv_cache.begin(idx)  # positions of the new tokens
+        layers = moe_layers(self) if self.cfg.n_experts else []
+        set_aux_grad_scale(layers, None)  # no aux gradient unless the loss below is differentiated
         x = self.embed(idx, pos)  # (B, T, C)
         rope_pos = pos if self.wpe is None else None  # rotary positions act in each block
         for i, block in enumerate(self.blocks):
@@ -249,14 +251,9 @@ class GPT(nn.Module):
         logits = self.head(x)  # (B, T, V)
         if targets is None:
             return logits
-        loss, aux = self.loss(logits, targets), self.aux_loss()
-        return loss if aux is None else loss + aux
-
-    def aux_loss(self):
-        """``aux_loss_coef`` times the sum of the MoE layers' load-balancing losses of the last
-        forward (labkit.moe); None without experts, with aux_loss_coef=0, or in eval."""
-        losses = [m.aux_loss for m in moe_layers(self) if m.aux_loss is not None] if self.cfg.n_experts else []
-        return self.cfg.aux_loss_coef * sum(losses) if losses else None
+        # plus aux_loss_coef times the MoE layers' load-balancing losses (labkit.moe: their
+        # gradients join at the layers, scaled as this loss's backward is; none in eval)
+        return with_aux_loss(self.loss(logits, targets), layers)
 
 
 def build_model(cfg: GPTConfig | str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GPT:

@@ -8,8 +8,9 @@ import torch.distributed as dist
 from labkit.comm_counter import CommCounter
 from labkit.expert_parallel import all_to_all
 from labkit.model import GPTConfig, build_model
-from labkit.moe import moe_layers, update_expert_bias
+from labkit.moe import MoE, moe_layers, update_expert_bias
 from labkit.parallel import ParallelDims, parallelize_gpt
+from labkit.tensor_parallel import apply_tensor_parallel
 
 BASE = dict(n_layer=2, n_head=2, d_model=8, d_ff=16, vocab_size=32, seq_len=8, norm="rmsnorm", mlp="swiglu",
             pos="rope", bias=False, tie_embeddings=False, n_experts=4, experts_per_token=2, d_expert=8,
@@ -51,29 +52,55 @@ def steer(model, step):
             layer.expert_bias.zero_()
 
 
-def reference_train(name, world):
-    """One process: each step, the mean over the dp shards of their losses, SGD, the bias update."""
+def moe_blocks(model) -> dict:
+    """{block index: its MoE layer}."""
+    return {i: b.mlp for i, b in enumerate(model.blocks) if isinstance(b.mlp, MoE)}
+
+
+def reference_train(name, world, dp=None, m=1):
+    """One process: each step, the global batch in ``dp`` shards (default ``world``) of ``m``
+    micro-batches, each loss / (dp m) backward, SGD, the bias update. Also, each step, each shard's
+    mean loss and its mean cross-entropy (the loss less the aux losses: what a pipeline's last
+    stage reports), and each MoE layer's load (what the bias update reads)."""
+    dp = world if dp is None else dp
     model, gamma = make_model(name), CONFIGS[name][1]
-    opt, losses = torch.optim.SGD(model.parameters(), lr=LR), []
+    opt, losses, ces, loads = torch.optim.SGD(model.parameters(), lr=LR), [], [], []
     for step in range(STEPS):
         x, y = batch(step, world)
         steer(model, step)
         opt.zero_grad(set_to_none=True)
-        shard = []
-        for xs, ys in zip(x.chunk(world), y.chunk(world)):
-            loss = model(xs, ys)
-            (loss / world).backward()
-            shard.append(loss.item())
+        shard, ce = [], []
+        for xs, ys in zip(x.chunk(dp), y.chunk(dp)):
+            run, run_ce = [], []
+            for xm, ym in zip(xs.chunk(m), ys.chunk(m)):
+                loss = model(xm, ym)
+                (loss / (dp * m)).backward()
+                aux = [layer.aux_loss for layer in moe_layers(model) if layer.aux_loss is not None]
+                run.append(loss.item())
+                run_ce.append(loss.item() - (model.cfg.aux_loss_coef * sum(aux)).item() if aux else loss.item())
+            shard.append(sum(run) / m)
+            ce.append(sum(run_ce) / m)
         opt.step()
+        loads.append({i: layer.load.clone() for i, layer in moe_blocks(model).items()})
         update_expert_bias(model, gamma)
         losses.append(shard)
-    return model, losses
+        ces.append(ce)
+    return model, losses, loads, ces
 
 
-def _train_rank(name, dims, zero_stage):
+def _loads(model, group):
+    """Each MoE layer's load summed over ``group`` (a copy: the bias update sums it itself)."""
+    out = {i: layer.load.clone() for i, layer in moe_blocks(model).items()}
+    for load in out.values():
+        dist.all_reduce(load, group=group)
+    return out
+
+
+def _train_rank(name, dims, zero_stage, knobs):
     mesh = dims.build_mesh("cpu")
-    pm = parallelize_gpt(make_model(name), dims, mesh, zero_stage=zero_stage)
+    pm = parallelize_gpt(make_model(name), dims, mesh, zero_stage=zero_stage, **knobs)
     opt, gamma, losses, counted = pm.build_optimizer(torch.optim.SGD, lr=LR), CONFIGS[name][1], [], None
+    loads = []
     for step in range(STEPS):
         x, y = batch(step, dims.world_size)
         steer(pm.model, step)
@@ -83,10 +110,16 @@ def _train_rank(name, dims, zero_stage):
         if step == COUNTED_STEP:
             counted = (comm.stats.bytes["all_to_all"], [m.kept for m in moe_layers(pm.model)])
         opt.step()
+        loads.append(_loads(pm.model, pm.group["dp"]))
         update_expert_bias(pm.model, gamma, group=pm.group["dp"])
-    biases = [m.expert_bias.clone() for m in moe_layers(pm.model)]
-    return {"state": pm.full_state(), "losses": losses, "counted": counted, "biases": biases,
-            "ep_index": pm.coords.dp % dims.ep_size}
+    biases = {i: layer.expert_bias.clone() for i, layer in moe_blocks(pm.model).items()}
+    want = None
+    if dims.tp_size > 1:  # the one-process model's values, tensor-parallel sharded as this rank's
+        twin = reference_train(name, dims.world_size, dims.dp_size, knobs.get("num_microbatches", 1))[0]
+        apply_tensor_parallel(twin, pm.group["tp"], knobs.get("sequence_parallel", False), init_sync=None)
+        want = {n: p.detach().clone() for n, p in twin.named_parameters()}
+    return {"want": want, "state": pm.full_state(), "losses": losses, "counted": counted, "biases": biases, "loads": loads,
+            "ep_index": pm.coords.dp % dims.ep_size, "dp_index": pm.coords.dp}
 
 
 def _all_to_all_grad(rank, world):
@@ -102,8 +135,13 @@ def _all_to_all_grad(rank, world):
 
 
 def ep_rank(rank, world_size, runs):
-    """Each (config name, dp_size, ep_size, zero_stage) of ``runs`` trained; then the all-to-all's gradient."""
-    out = {run: _train_rank(run[0], ParallelDims(dp_size=run[1], ep_size=run[2]), run[3]) for run in runs}
+    """Each (config name, dp_size, ep_size, zero_stage, more knobs) of ``runs`` trained (``more``:
+    pairs of ParallelDims fields or parallelize_gpt keywords); then the all-to-all's gradient."""
+    out = {}
+    for run in runs:
+        more = dict(run[4])
+        sizes = {k: more.pop(k) for k in ("tp_size", "pp_size") if k in more}
+        out[run] = _train_rank(run[0], ParallelDims(dp_size=run[1], ep_size=run[2], **sizes), run[3], more)
     out["all_to_all"] = _all_to_all_grad(rank, world_size)
     dist.barrier()
     return out

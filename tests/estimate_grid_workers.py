@@ -150,7 +150,7 @@ def _moe_rows(pm, x, y) -> list:
     layers = moe_layers(pm.model)
     for layer in layers:
         layer.exchange = _Counted(layer.exchange)
-    pm.model(x, y).backward()
+    (pm.fsdp or pm.model)(x, y).backward()  # under ZeRO-3 its wrapper gathers the units
     rows = [(layer.kept, layer.exchange.received[-1]) for layer in layers]
     for layer in layers:
         layer.exchange = layer.exchange.exchange

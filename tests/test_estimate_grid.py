@@ -37,12 +37,14 @@ et al.'s formula, as without cp: the meter reads 7.4% below it, which a test acc
 term (the formula's dropout masks, the CPU's LayerNorm statistics), to the byte.
 
 Experts (labkit.moe, a Mixtral-style and a DeepSeek-style block, one with a capacity factor), in
-one process and on the 4-rank launch with ep = 2 and 4 over dp = 4, ZeRO-0 and ZeRO-1: model
-states to the byte on every rank (experts' optimizer states over the dp / ep ranks holding them).
+one process and on the 4-rank launch with ep = 2 and 4 over dp = 4 (and dp = 2 over two pipeline
+stages), ZeRO-0 to 3, full recomputation: model states to the byte on every rank (experts'
+gradients and optimizer states, and under ZeRO-3 their units, over the dp / ep ranks holding them).
 Activations to the byte given the rows that ran: which rows a rank's MoE layer keeps (under a
 capacity) and which its experts receive from the ep group depend on the routing, so the worker
-counts them and the comparison replaces the estimate's balanced rows with them
-(``labkit.estimate.experts.moe_layer_bytes``); everything else is the estimate's own.
+counts them (one stage only) and the comparison replaces the estimate's balanced rows with them
+(``labkit.estimate.experts.moe_layer_bytes``); everything else is the estimate's own. Experts
+under tensor parallelism (kept whole on each tp rank) are not estimated yet: the estimator refuses.
 
 Multi-head latent attention (labkit.mla; with and without a compressed query, and with DeepSeek's
 experts), in one process: model states and activations to the byte, with every recomputation mode
@@ -114,6 +116,10 @@ CASES_4 = [  # and on 4 ranks, in a second launch
     ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=1)),
     ("mixtral-capacity", (4, 1, 1, 1, 4), dict(zero_stage=1)),
     ("deepseek", (4, 1, 1), dict(zero_stage=1)),
+    ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=1, checkpoint="full")),  # the recomputation re-runs the all-to-all
+    ("mixtral", (4, 1, 1, 1, 2), dict(zero_stage=2)),  # the experts' gradients reduce-scattered over 2 replicas
+    ("deepseek", (2, 1, 2, 1, 2), dict(zero_stage=1, num_microbatches=2)),  # a stage's experts over ep
+    ("deepseek", (4, 1, 1, 1, 2), dict(zero_stage=3)),  # each MoE layer's experts a unit over their 2 replicas
 ]
 SIZES = [8] * len(CASES) + [4] * len(CASES_4)
 CASES = CASES + CASES_4
@@ -157,6 +163,8 @@ def activations_exact(case) -> bool:
     """Where the estimator's activations are labkit's model's on the CPU (the module docstring),
     with or without context parallelism."""
     family, degrees, kw = case
+    if len(degrees) > 4 and degrees[4] > 1 and degrees[2] > 1:  # a stage's experts' rows: not counted
+        return False
     return family != "gpt2" or (kw.get("checkpoint") == "full" and kw.get("precision", "fp32") == "fp32")
 
 
@@ -215,10 +223,10 @@ def routed_difference(case, moe_rows) -> int:
     """What a rank's MoE layers kept beyond the estimate's balanced count: the estimate takes the
     rows a layer dispatches at their bound (N k dropless, at most E C under a capacity) and its
     experts' rows as many (routing balanced over the ep ranks); the rows that ran (``moe_rows``,
-    counted by the worker) depend on the routing. 0 for a model without experts."""
+    counted by the worker) depend on the routing. 0 for a model without experts or recomputed in full."""
     family, (dp, *rest), kw = case
     cfg, ep = GPTConfig(**FAMILIES[family]), (list(rest) + [1, 1, 1, 1])[3]
-    if not cfg.n_experts:
+    if not cfg.n_experts or kw.get("checkpoint") == "full":  # recomputed in full: a layer keeps its input only
         return 0
     shape, e = ModelShape.from_config(cfg), 2 if kw.get("precision") == "bf16" else 4
     count = dict(dtype_bytes=e, ep_size=ep, capacity_factor=cfg.capacity_factor)

@@ -1,11 +1,14 @@
 """Expert parallelism on gloo ranks against one process (code shared: the model only).
 
 One launch per world size serves every check: a plain training loop over ``parallelize_gpt``
-with experts sharded over "ep" (or replicated, ep_size=1), under data parallelism or ZeRO-1,
-Mixtral-style and DeepSeek-style blocks, routing steered so that on step 0 two experts get no
-token and ranks send nothing, equals one process looping over the data-parallel shards; the
-all-to-all's gradient equals the one-process gradient; the all-to-all bytes CommCounter sees
-equal labkit.moe.analytic's formula.
+with experts sharded over "ep" (or replicated, ep_size=1), under data parallelism or ZeRO-1/2/3,
+with full or selective recomputation, tensor (and sequence) parallelism of the attention and the
+pipeline, Mixtral-style and DeepSeek-style blocks (the load-balancing loss, the bias update),
+routing steered so that on step 0 two experts get no token and ranks send nothing, equals one
+process looping over the data-parallel shards (and micro-batches): values, losses, and the load
+each bias update reads (a recomputed forward must not count it twice). The all-to-all's gradient
+equals the one-process gradient; the all-to-all bytes CommCounter sees equal labkit.moe.analytic's
+formula.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ep_workers import SENDS, STEPS, SEQS_PER_RANK, CONFIGS, ep_rank, reference_train
+from ep_workers import SENDS, STEPS, SEQS_PER_RANK, CONFIGS, ep_rank, moe_blocks, reference_train
 from labkit.dist import launch
 from labkit.expert_parallel import expert_params_per_rank, experts_per_rank
 from labkit.moe import all_to_all_bytes, dispatched_rows, moe_layers
@@ -21,9 +24,19 @@ from labkit.parallel import ParallelDims
 
 pytestmark = pytest.mark.xdist_group("dist:expert_parallel")
 
-RUNS = {  # (config, dp_size, ep_size, zero_stage); ep_size=1: experts replicated, plain data parallelism
-    2: [("mixtral", 2, 2, 0), ("mixtral", 2, 2, 1), ("deepseek", 2, 1, 0), ("mixtral", 2, 1, 1)],
-    4: [("mixtral", 4, 4, 0), ("deepseek", 4, 2, 0), ("deepseek", 4, 2, 1)],
+FULL, SELECTIVE, TP = (("checkpoint", "full"),), (("checkpoint", "selective"),), (("tp_size", 2),)
+PP = (("pp_size", 2), ("num_microbatches", 2))
+RUNS = {  # (config, dp_size, ep_size, zero_stage, more knobs); ep_size=1: experts replicated, plain data parallelism
+    2: [("mixtral", 2, 2, 0, ()), ("mixtral", 2, 2, 1, ()), ("deepseek", 2, 1, 0, ()), ("mixtral", 2, 1, 1, ()),
+        ("deepseek", 2, 2, 1, FULL), ("deepseek", 2, 2, 2, FULL), ("deepseek", 1, 1, 0, PP + FULL),
+        ("deepseek", 2, 2, 3, FULL)],
+    4: [("mixtral", 4, 4, 0, ()), ("deepseek", 4, 2, 0, ()), ("deepseek", 4, 2, 1, ()), ("deepseek", 4, 4, 0, FULL),
+        ("mixtral", 4, 2, 0, SELECTIVE), ("deepseek", 4, 2, 2, ()),
+        ("mixtral", 4, 2, 2, (("num_microbatches", 2),)),  # dropless: a capacity counts a micro-batch's tokens
+        ("deepseek", 2, 2, 1, TP + (("sequence_parallel", True),)), ("mixtral", 2, 2, 2, TP + FULL),
+        ("deepseek", 2, 2, 2, PP), ("deepseek", 2, 2, 0, PP + (("schedule", "gpipe"),)),
+        ("deepseek", 4, 2, 3, ()), ("mixtral", 4, 2, 3, FULL), ("deepseek", 2, 2, 3, PP),
+        ("deepseek", 2, 2, 3, TP + (("sequence_parallel", True),))],
 }
 
 
@@ -42,25 +55,43 @@ def _close(actual, expected):
 
 def test_training_with_sharded_experts_equals_one_process(ranks):
     world, results = ranks
-    for name, dp, ep, zero in RUNS[world]:
-        ref, ref_losses = reference_train(name, world)
-        ref_state = dict(ref.named_parameters())
+    for run in RUNS[world]:
+        name, dp, ep = run[:3]
+        more = dict(run[4])
+        pp, m = more.get("pp_size", 1), more.get("num_microbatches", 1)
+        ref, ref_losses, ref_loads, ref_ces = reference_train(name, world, dp, m)
+        ref_biases = {i: layer.expert_bias for i, layer in moe_blocks(ref).items()}
         n_local = experts_per_rank(CONFIGS[name][0].n_experts, ep)
+        held_names = set()
         for rank, res in enumerate(results):
-            mine = res[(name, dp, ep, zero)]
+            mine = res[run]
+            # tp > 1: the one-process model's values sharded as the rank's (the worker's twin)
+            ref_state = mine["want"] or dict(ref.named_parameters())
+            held = {i for i in ref_loads[0] if f"blocks.{i}.mlp.router.weight" in mine["state"]}  # its MoE layers
             for step in range(STEPS):
-                _close(torch.tensor(mine["losses"][step]), torch.tensor(ref_losses[step][rank]))
+                if pp == 1:
+                    _close(torch.tensor(mine["losses"][step]), torch.tensor(ref_losses[step][mine["dp_index"]]))
+                elif mine["losses"][step] is not None:  # the last stage's: the cross-entropy alone
+                    _close(torch.tensor(mine["losses"][step]), torch.tensor(ref_ces[step][mine["dp_index"]]))
+                # what the bias update reads: each token's choices counted once, recomputed or not
+                for i in held:
+                    torch.testing.assert_close(mine["loads"][step][i], ref_loads[step][i], rtol=0, atol=0)
             j = mine["ep_index"]
-            assert set(mine["state"]) == set(ref_state)
+            assert set(mine["state"]) <= set(ref_state) and (pp > 1 or set(mine["state"]) == set(ref_state))
+            held_names |= set(mine["state"])
             for pname, value in mine["state"].items():
                 expected = ref_state[pname].detach()
                 if ".experts." in pname:  # this rank's E / ep experts
                     expected = expected[j * n_local:(j + 1) * n_local]
                 _close(value, expected)
-            for bias, layer in zip(mine["biases"], moe_layers(ref)):
-                _close(bias, layer.expert_bias)
-            held = sum(v.numel() for n, v in mine["state"].items() if ".experts." in n)
-            assert held == expert_params_per_rank(CONFIGS[name][0], ep)
+            for i in held:
+                _close(mine["biases"][i], ref_biases[i])
+            if pp == 1:
+                experts = sum(v.numel() for n, v in mine["state"].items() if ".experts." in n)
+                assert experts == expert_params_per_rank(CONFIGS[name][0], ep)
+            else:  # every stage holds a MoE layer: each stage's aux losses reach the routers
+                assert held
+        assert held_names == set(dict(ref.named_parameters()))
 
 
 def test_all_to_all_gradient_equals_the_one_process_gradient(ranks):
@@ -81,12 +112,13 @@ def test_all_to_all_gradient_equals_the_one_process_gradient(ranks):
 
 def test_comm_counter_sees_the_formulas_all_to_all_bytes(ranks):
     world, results = ranks
-    for name, dp, ep, zero in RUNS[world]:
-        if ep == 1:
-            continue  # no all-to-all: experts replicated
+    for run in RUNS[world]:
+        name, dp, ep = run[:3]
+        if ep == 1 or run[4] not in ((), SELECTIVE):
+            continue  # no all-to-all (experts replicated), a recomputed forward's too, or m micro-batches' ones
         cfg = CONFIGS[name][0]
         groups, _ = ParallelDims(dp_size=dp, ep_size=ep).expert_groups()
-        counted = [res[(name, dp, ep, zero)]["counted"] for res in results]
+        counted = [res[run]["counted"] for res in results]
         n_layers = len(counted[0][1])
         # the counter reads both buffers of a call, sent and received: twice the bytes sent
         expected = 2 * sum(all_to_all_bytes(sum(counted[r][1][i] for r in g), cfg.d_model, cfg.n_experts, ep, 8)
@@ -114,22 +146,17 @@ def test_ep_groups_are_taken_from_the_data_parallel_ranks():
         ParallelDims(dp_size=4, ep_size=0)
 
 
-@pytest.mark.parametrize("dims, kwargs, match", [
-    (ParallelDims(dp_size=2, tp_size=2), {}, "tp_size=2"),
-    (ParallelDims(dp_size=2, pp_size=2), {}, "pp_size=2"),
-    (ParallelDims(dp_size=2, cp_size=2), {}, "cp_size=2"),
-    (ParallelDims(dp_size=2, ep_size=2), {"zero_stage": 2}, "zero_stage=2"),
-    (ParallelDims(dp_size=2, ep_size=2), {"checkpoint": "full"}, "checkpoint='full'"),
-    (ParallelDims(dp_size=4, ep_size=4), {}, "ep_size=4 must divide n_experts=2"),
+@pytest.mark.parametrize("dims, match", [
+    (ParallelDims(dp_size=2, cp_size=2), "cp_size=2"),  # context parallelism: the one technique not composed
+    (ParallelDims(dp_size=4, ep_size=4), "ep_size=4 must divide n_experts=2"),
 ])
-def test_parallelize_refuses_what_experts_do_not_compose_with_by_name(dims, kwargs, match):
+def test_parallelize_refuses_what_experts_do_not_compose_with_by_name(dims, match):
     from labkit.model import GPTConfig, build_model
     from labkit.parallel.experts import check_experts_combination
 
     model = build_model(GPTConfig(**{**CONFIGS["mixtral"][0].to_dict(), "n_experts": 2, "experts_per_token": 1}))
-    args = {"sequence_parallel": False, "zero_stage": 0, "checkpoint": "none", **kwargs}
     with pytest.raises(ValueError, match=match):
-        check_experts_combination(model, dims, args["sequence_parallel"], args["zero_stage"], args["checkpoint"])
+        check_experts_combination(model, dims)
 
 
 def test_ep_size_without_experts_is_refused():
@@ -137,8 +164,7 @@ def test_ep_size_without_experts_is_refused():
     from labkit.parallel.experts import check_experts_combination
 
     with pytest.raises(ValueError, match=r"ep_size=2 needs a model with experts \(cfg.n_experts > 0\)"):
-        check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2),
-                                  False, 0, "none")
+        check_experts_combination(build_model(get_preset("tiny", n_layer=1)), ParallelDims(dp_size=2, ep_size=2))
 
 
 def test_expert_major_order_regroups_rows_by_expert_and_its_inverse_undoes_it():

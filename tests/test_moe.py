@@ -187,3 +187,34 @@ def test_techniques_not_tried_on_experts_refuse_them_by_name():
                      supports=llama_fields)  # the same block without experts passes
     with pytest.raises(ValueError, match="a technique implements GPT-2's block only so far; this model has n_experts=4"):
         check_gpt2_block(GPTConfig(**BASE), "a technique", supports=llama_fields)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "full-recomputation"])
+def test_the_aux_loss_gradient_reaches_the_router_at_the_losss_scale(recompute):
+    """The aux loss's gradient joins at each layer (labkit.moe.layer._AuxLossGrad) at the scale the
+    loss's backward is given (here 1/3), and a full recomputation neither loses nor repeats it nor
+    counts the load twice: held to the gradient of (CE + coef Σ Switch's loss) / 3 written out with
+    the reference's balance loss on a model without the aux loss (same weights)."""
+    from labkit.checkpoint import apply_checkpointing
+
+    idx = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    models = []
+    for coef in (0.5, 0.0):
+        torch.manual_seed(0)
+        models.append(build_model(GPTConfig(**{**BASE, "aux_loss_coef": coef}), dtype=torch.float64))
+    model, plain = models
+    if recompute:
+        apply_checkpointing(model, "full")
+    (model(idx, idx) / 3).backward()
+    logits = []
+    hooks = [m.router.register_forward_hook(lambda mod, args, out: logits.append(out)) for m in moe_layers(plain)]
+    ce = plain(idx, idx)
+    aux = sum(reference_balance_loss(lg, BASE["experts_per_token"]) for lg in logits)
+    ((ce + 0.5 * aux) / 3).backward()
+    for h in hooks:
+        h.remove()
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-15, msg=name)
+    assert [m.load.sum().item() for m in moe_layers(model)] == [2 * 8 * 2] * len(logits)  # N k, once
+    with pytest.raises(ValueError, match="impl='torch' recomputes a full segment"):
+        apply_checkpointing(model, "full", impl="torch")

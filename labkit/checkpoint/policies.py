@@ -12,6 +12,7 @@ import functools
 
 import torch.nn as nn
 
+from ..moe.layer import moe_layers
 from ..validate import check_choice, check_int
 from .function import checkpoint_scratch, checkpoint_torch
 from .plan import Plan, make_plan
@@ -86,6 +87,10 @@ def apply_checkpointing(model, policy="full", *, k: int | None = None, budget: i
         plan = make_plan(policy, len(blocks), k)
     if plan.n_layer != len(blocks):
         raise ValueError(f"plan covers {plan.n_layer} blocks but the model has n_layer={len(blocks)}")
+    if impl == "torch" and any(mode == "full" for *_, mode in plan.bounds()) and moe_layers(model):
+        raise ValueError("impl='torch' recomputes a full segment with gradients on, and a MoE layer counts its "
+                         "experts' load in each forward that builds a graph (it would count twice); use "
+                         "impl='scratch', whose first pass builds none")
     remove_checkpointing(model)
     for start, stop, mode in plan.bounds():
         if mode == "selective":  # the attention core: scores, softmax, dropout, weighted sum

@@ -27,8 +27,9 @@ DENSE_MLP = "SwiGLU gate, SiLU, up, product (4 sbf e / t)"  # labkit.memory.anal
 
 
 def check_experts_trainable(shape, run) -> None:
-    """Refuse by name what the estimate of labkit's MoE block does not model: experts split by
-    tensor parallelism (labkit splits them over ep) and the fused kernels' count."""
+    """Refuse by name what the estimate of labkit's MoE block does not model: tensor parallelism
+    (labkit keeps a MoE layer whole on each tp rank, ``labkit.tensor_parallel.experts``; not
+    counted here yet) and the fused kernels' count."""
     if not shape.n_experts:
         return
     if shape.mlp != "swiglu":
@@ -36,8 +37,8 @@ def check_experts_trainable(shape, run) -> None:
                             "estimate models those only", "untrainable", missing=[f"{shape.mlp} experts"])
     if run.tp_size > 1:
         raise ArgumentError(f"tp_size={run.tp_size} with experts (n_experts={shape.n_experts}): the training "
-                            "estimate does not model tensor-parallel experts (labkit shards experts over ep); "
-                            "use tp_size=1", "untrainable", missing=["tensor-parallel experts"])
+                            "estimate does not model experts under tensor parallelism (labkit keeps them whole "
+                            "on each tp rank); use tp_size=1", "untrainable", missing=["tensor-parallel experts"])
     if run.kernels != "labkit":
         raise ArgumentError(f"kernels={run.kernels!r} with experts: the fused kernels' count has no MoE block; "
                             "use kernels='labkit'", "untrainable", missing=["fused MoE kernels"])

@@ -62,7 +62,7 @@ CATALOGUE = {
     "refused.offload_composed": 'ZeRO-Offload with tensor, pipeline or context parallelism (labkit.zero.OffloadOptimizer runs over data parallelism alone)',
     "refused.offload_params": "ZeRO-3's parameter offload (offload_params)",
     "refused.reshard": 'ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)',
-    "refused.ep_composed": 'a mixture of experts beyond data and expert parallelism and ZeRO-1 (experts, or ep_size > 1, with tp, pp or cp > 1, ZeRO-2/3, recomputation or sequence parallelism)',
+    "refused.ep_composed": 'a mixture of experts with context parallelism (experts, or ep_size > 1, with cp > 1)',
     "plan.no_layout": "no (t, cp, p, N_d, b) splits the GPUs and the global batch",
     "serve.ep": " ep",
     "serve.no_block": "t={tp_size}{ep}: the weights leave no room for a KV block",

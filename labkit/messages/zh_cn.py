@@ -55,7 +55,7 @@ CATALOGUE = {
     "refused.offload_composed": 'ZeRO-Offload 与张量、流水线或上下文并行的组合（labkit.zero.OffloadOptimizer 只在数据并行上运行）',
     "refused.offload_params": 'ZeRO-3 的参数卸载（offload_params）',
     "refused.reshard": 'ZeRO-3 在前向之后保留已收集参数直到反向（reshard_after_forward=False）',
-    "refused.ep_composed": '混合专家与数据并行、专家并行、ZeRO-1 以外技术的组合（模型含专家或 ep_size > 1，且 tp、pp 或 cp > 1、ZeRO-2/3、重计算或序列并行）',
+    "refused.ep_composed": '混合专家与上下文并行的组合（模型含专家或 ep_size > 1，且 cp > 1）',
     "plan.no_layout": "没有一种 (t, cp, p, N_d, b) 能同时整除 GPU 数和全局批次",
     "serve.ep": "（专家并行）",
     "serve.no_block": "t={tp_size}{ep}：权重放下之后，连一个 KV 块都放不下",

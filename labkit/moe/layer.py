@@ -21,7 +21,8 @@ from ..shapes import ModelShape
 from ..validate import ArgumentError, check_bool, check_choice, check_float
 from .router import SCORES, keep_mask, load_balancing_loss, route, update_bias
 
-__all__ = ["Experts", "LocalExchange", "MoE", "check_moe_config", "moe_layers", "update_expert_bias"]
+__all__ = ["Experts", "LocalExchange", "MoE", "check_moe_config", "moe_layers", "update_expert_bias",
+           "with_aux_loss", "set_aux_grad_scale"]
 
 
 def check_moe_config(cfg) -> None:
@@ -67,13 +68,66 @@ class LocalExchange:
         return experts(rows, counts.tolist())
 
 
+class _AuxLossGrad(torch.autograd.Function):
+    """y -> y; in backward, the layer's weighted aux loss joins the graph here, its gradient the
+    layer's ``aux_grad_scale`` (Megatron-LM's MoEAuxLossAutoScaler): the router gets it wherever
+    the step's loss is (a pipeline's last stage) and from whichever forward built the graph (a
+    checkpoint's recomputation, not its graph-less first pass). None: no aux gradient."""
+
+    @staticmethod
+    def forward(ctx, y, aux, layer):
+        ctx.layer, ctx.dtype, ctx.device = layer, aux.dtype, aux.device  # nothing kept: a scalar's gradient
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        scale = ctx.layer.aux_grad_scale  # a float, or the loss's gradient (a () tensor: no host sync)
+        if scale is None:
+            return grad, None, None
+        return grad, torch.as_tensor(scale).to(dtype=ctx.dtype, device=ctx.device).reshape(()), None
+
+
+class _LossScaleProbe(torch.autograd.Function):
+    """loss -> loss; its backward, the first of the model's (the loss is the graph's end), records
+    the gradient the step gives the loss (1, 1 / m, ...) as every MoE layer's ``aux_grad_scale``."""
+
+    @staticmethod
+    def forward(ctx, loss, layers):
+        ctx.layers = layers
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        set_aux_grad_scale(ctx.layers, grad.detach())
+        return grad, None
+
+
+def set_aux_grad_scale(layers, scale) -> None:
+    """The gradient each MoE layer of ``layers`` gives its weighted aux loss in the next backward:
+    the step's scale of the loss (a pipeline stage's 1 / m, set by its runner), or None."""
+    for layer in layers:
+        layer.aux_grad_scale = scale
+
+
+def with_aux_loss(loss, layers):
+    """The model's loss plus the layers' weighted aux losses (values of the last forward): what a
+    step reports; their gradients reach the routers at the layers (:class:`_AuxLossGrad`), at
+    the scale ``loss``'s backward is given. () scalar; ``loss`` itself when no layer has one."""
+    aux = [m.aux_loss for m in layers if m.aux_loss is not None]
+    if not aux:
+        return loss
+    return _LossScaleProbe.apply(loss + layers[0].cfg.aux_loss_coef * sum(aux), layers)
+
+
 class MoE(nn.Module):
     """A mixture-of-experts MLP, built from a GPTConfig's expert fields: x (B, T, h) -> (B, T, h).
 
     The capacity counts the N = B T tokens of this forward (a rank's micro-batch), in training
-    and in eval alike. After a forward, ``aux_loss`` is the load-balancing loss (when
-    ``cfg.aux_loss_coef`` > 0 and training), ``load`` (E,) has accumulated the tokens routed to
-    each expert (the bias update reads and clears it), ``kept`` counts the assignments kept.
+    and in eval alike. After a forward, ``aux_loss`` is the load-balancing loss's value (when
+    ``cfg.aux_loss_coef`` > 0 and training; its gradient: :class:`_AuxLossGrad`), ``kept`` counts
+    the assignments kept, and ``load`` (E,) has accumulated the tokens routed to each expert (the
+    bias update reads and clears it) if the forward built a graph: once per trained forward, a
+    checkpoint's recomputation included and its graph-less first pass not (as Megatron-LM counts).
     """
 
     def __init__(self, cfg):
@@ -88,7 +142,7 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts) if cfg.router_bias else None)
         self.register_buffer("load", torch.zeros(cfg.n_experts), persistent=False)  # (E,)
         self.exchange = LocalExchange()
-        self.aux_loss, self.kept = None, 0
+        self.aux_loss, self.kept, self.aux_grad_scale = None, 0, None
 
     def forward(self, x):
         B, T, C = x.shape
@@ -97,13 +151,17 @@ class MoE(nn.Module):
         weights, experts, scores = route(self.router(h), self.k, score=cfg.router_score,
                                          normalize=cfg.norm_topk_prob, bias=self.expert_bias,
                                          scaling=cfg.routed_scaling_factor)  # (N, k), (N, k), (N, E)
-        with torch.no_grad():
-            self.load += torch.bincount(experts.reshape(-1), minlength=self.n_experts).to(self.load.dtype)
-        self.aux_loss = (load_balancing_loss(scores, experts, self.n_experts)
-                         if self.training and cfg.aux_loss_coef > 0 else None)
+        graph = torch.is_grad_enabled()
+        if graph:  # a recomputed forward counts, the checkpoint's first pass (no graph) does not
+            with torch.no_grad():
+                self.load += torch.bincount(experts.reshape(-1), minlength=self.n_experts).to(self.load.dtype)
+        aux = load_balancing_loss(scores, experts, self.n_experts) if self.training and cfg.aux_loss_coef > 0 else None
+        self.aux_loss = None if aux is None else aux.detach()  # the value; the gradient joins below
         y = self._routed(h, weights, experts, keep_mask(experts, self.n_experts, cfg.capacity_factor))
         if self.shared is not None:
             y = y + self.shared(h)
+        if aux is not None and graph:
+            y = _AuxLossGrad.apply(y, cfg.aux_loss_coef * aux, self)
         return y.view(B, T, C)
 
     def _routed(self, h, weights, experts, keep):

@@ -17,15 +17,12 @@ from .config import RunConfig
 __all__ = ["NOT_COMPOSED", "experts_beyond", "runnable_reason", "refusal_key", "refusal_text", "check_runnable", "check_combination",
            "knobs_of_run"]
 
-def experts_beyond(tp_size: int, pp_size: int, cp_size: int, zero_stage: int, recompute: str,
-                   sequence_parallel: bool) -> list:
+def experts_beyond(cp_size: int) -> list:
     """What a model with experts is run with beyond what labkit composes its experts with (data
-    and expert parallelism, ZeRO-0/1, no recomputation), each as ``name=value``; [] if nothing. The
-    one home of that rule: NOT_COMPOSED's ``ep_composed`` and ``parallelize_gpt`` ask it."""
-    bad = [f"{k}={v}" for k, v in (("tp_size", tp_size), ("pp_size", pp_size), ("cp_size", cp_size)) if v > 1]
-    bad += [f"zero_stage={zero_stage}"] if zero_stage > 1 else []
-    bad += [f"checkpoint={recompute!r}"] if recompute != "none" else []
-    return bad + (["sequence_parallel=True"] if sequence_parallel else [])
+    and expert parallelism, ZeRO-0 to 3, recomputation, tensor and sequence parallelism of the
+    attention, the pipeline: all but context parallelism), each as ``name=value``; [] if nothing.
+    The one home of that rule: NOT_COMPOSED's ``ep_composed`` and ``parallelize_gpt`` ask it."""
+    return [f"cp_size={cp_size}"] if cp_size > 1 else []
 
 
 # (a key, a test on a RunConfig and whether the model has experts, why labkit does not run it);
@@ -41,9 +38,8 @@ NOT_COMPOSED = (
     ("reshard", lambda r, moe: not r.reshard_after_forward,
      "ZeRO-3 keeping its gathered parameters from forward to backward (reshard_after_forward=False)"),
     ("ep_composed", lambda r, moe: (moe or r.ep_size > 1) and bool(
-        experts_beyond(r.tp_size, r.pp_size, r.cp_size, r.zero_stage, r.recompute, r.sequence_parallel)),
-     "a mixture of experts beyond data and expert parallelism and ZeRO-1 (experts, or ep_size > 1, with "
-     "tp, pp or cp > 1, ZeRO-2/3, recomputation or sequence parallelism)"),
+        experts_beyond(r.cp_size)),
+     "a mixture of experts with context parallelism (experts, or ep_size > 1, with cp > 1)"),
 )
 
 

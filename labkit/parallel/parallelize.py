@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ..checkpoint import apply_checkpointing, checkpoint_scratch
 from ..context_parallel import apply_context_parallel, ring_attention, shard_sequence
 from ..data_parallel import DataParallelBucketed
+from ..moe.layer import moe_layers, set_aux_grad_scale
 from ..pipeline import SCHEDULES, build_chunks, check_same_model, make_schedule, run_schedule, split_stages
 from ..tensor_parallel import apply_tensor_parallel
 from ..validate import check_bool, check_choice, check_int
@@ -43,7 +44,8 @@ from .compose import check_combination, knobs_of_run
 from .config import RunConfig
 from .context import context_parallel_chunks, context_parallel_loss_fn
 from .dims import AXES, ParallelDims
-from .experts import ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, shard_experts
+from .experts import (ExpertDataParallel, check_experts_combination, expert_sharded_optimizer, expert_units,
+                      shard_experts, split_experts)
 from .zero3 import BlockShards, ShardedSequenceSum, replica_group, sequence_sharded, shard_chunks, sharded_full_state
 
 __all__ = ["CHECKPOINTS", "ParallelModel", "parallelize_gpt"]
@@ -100,14 +102,18 @@ class ParallelModel:
             self._shard_fully(model, type(model.blocks[0]))
 
     def _shard_fully(self, model, block_type) -> None:
-        """ZeRO-3 over "dp": the whole model (one stage) or each chunk (:mod:`.zero3`); with
-        sequence parallelism, the sum over "tp" of the sequence-sharded parameters' shards."""
+        """ZeRO-3 over "dp": the whole model (one stage) or each chunk (:mod:`.zero3`), experts
+        sharded over "ep" over their replicas (:func:`.experts.expert_units`); with sequence
+        parallelism, the sum over "tp" of the sequence-sharded parameters' shards."""
+        is_unit, unit_groups = expert_units(block_type, self.expert_replicas, self.dims.dp_size)
         if self.chunks:
-            self.fsdp_chunks, self._tied = shard_chunks(model, self.chunks, self.group["replicas"], block_type)
+            self.fsdp_chunks, self._tied = shard_chunks(model, self.chunks, self.group["replicas"], is_unit,
+                                                        unit_groups)
             wrappers = self.fsdp_chunks
         else:
             sp = {n for n, p in self._named if getattr(p, "sequence_parallel", False)}
-            self.fsdp = FullyShardedModule(model, group=self.group["replicas"], unit_types=(block_type,))
+            self.fsdp = FullyShardedModule(model, group=self.group["replicas"], unit_types=is_unit,
+                                           unit_groups=unit_groups)
             self.fsdp.sequence_parallel_names = sp
             wrappers = [self.fsdp]
         self._named = [(n, None) for n, _ in self._named]  # names only: no reference to the full tensors
@@ -159,10 +165,14 @@ class ParallelModel:
         shards then line up at the pipeline's two ends, which sum their gradients; with sequence
         parallelism the sequence-sharded parameters' shards are summed over "tp" (:mod:`.zero3`)."""
         named, pp = self.named_parameters(), self.dims.pp_size > 1
+        if self.expert_replicas is not None:  # the experts reduce-scattered over their replicas
+            named = split_experts(named)[0]
         groups = [{"params": [(n, p) for n, p in named if not (pp and p is self._tied)]}]
         if len(groups[0]["params"]) < len(named):
             groups.append({"params": [(n, p) for n, p in named if p is self._tied]})
-        opt = ShardedGradOptimizer(groups, optimizer_cls, group=self.group["replicas"], **kwargs)
+        opt = ShardedGradOptimizer(groups, optimizer_cls, group=self.group["replicas"], **kwargs) \
+            if self.expert_replicas is None else \
+            expert_sharded_optimizer(self, optimizer_cls, kwargs, sharded=ShardedGradOptimizer, dense=groups)
         if self.dims.pp_size > 1:
             self._tied = opt.slice_of(self._tied)  # None on a middle stage
         if self.sequence_parallel:
@@ -184,7 +194,7 @@ class ParallelModel:
     def forward_backward(self, x, y):
         """Forward and backward of this replica's batch (B, T) in m micro-batches; every gradient
         complete when it returns. The loss (the mean over the replica's tokens) on the last stage,
-        None on the others."""
+        None on the others; under pp > 1 the cross-entropy alone (aux losses join at their layers)."""
         m = self.num_microbatches
         if x.shape[0] % m:
             raise ValueError(f"num_microbatches={m} must divide this replica's batch of {x.shape[0]} sequences")
@@ -210,6 +220,9 @@ class ParallelModel:
 
     def _pipeline_step(self, x, y) -> list[float]:
         m, model = self.num_microbatches, self.model
+        # each stage's MoE layers add their aux losses' gradient (1 / m, the runtime's loss scale) in
+        # their own backward: the last stage's loss_fn is the cross-entropy alone (labkit.moe.layer)
+        set_aux_grad_scale(moe_layers(model), 1.0 / m)
         seq = x.shape[1] // self.dims.tp_size if self.sequence_parallel else x.shape[1]  # what stages exchange
         res = run_schedule(self.fsdp_chunks or self.chunks, self.actions, rank=self.coords.pp,
                            pp_size=self.dims.pp_size,
@@ -231,7 +244,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     parallelism over "cp", the pipeline over "pp" (``schedule``, ``num_microbatches`` m, ``v``),
     ``checkpoint`` (:data:`CHECKPOINTS`; under ZeRO-3 inside its units), then plain data
     parallelism or ZeRO stage 1-3 over the dp x cp ranks that hold the same parameters; experts
-    over "ep" with data parallelism and ZeRO-1 (:mod:`.experts`). Refused with a ValueError:
+    over "ep" (:mod:`.experts`; what they compose with: :func:`.compose.experts_beyond`). Refused with a ValueError:
     sequence parallelism without tp > 1, and :data:`labkit.parallel.compose.NOT_COMPOSED`.
     """
     if isinstance(dims, RunConfig):
@@ -245,7 +258,7 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
     check_choice("schedule", schedule, SCHEDULES)
     check_int("num_microbatches", num_microbatches, 1)
     check_int("v", v, 1)
-    check_experts_combination(model, dims, sequence_parallel, zero_stage, checkpoint)
+    check_experts_combination(model, dims)
     _check_mesh(dims, mesh)
     check_combination(dims, sequence_parallel, zero_stage, checkpoint, schedule, num_microbatches, v, model.cfg.seq_len)
     if dims.pp_size == 1 and (schedule, v) != ("1f1b", 1):
@@ -263,12 +276,13 @@ def parallelize_gpt(model, dims, mesh, *, sequence_parallel: bool = False, zero_
         ring = partial(checkpoint_scratch, ring_attention, params=[]) if checkpoint == "selective" else None
         # under ZeRO its mean over the dp x cp ranks sums the sequence's shares (grad_sync=False)
         apply_context_parallel(model, mesh.get_group("cp"), attention=ring, grad_sync=zero_stage == 0)
-    if checkpoint != "none" and zero_stage != 3:
+    expert_replicas = shard_experts(model, dims, mesh.get_group("dp"))  # ep > 1: experts over "ep"
+    if checkpoint != "none" and zero_stage != 3:  # after the experts' sharding: it checkpoints what stays
         apply_checkpointing(model, checkpoint)
     chunks = build_chunks(model, ranges, pp, stage) if pp > 1 else None
     pm = ParallelModel(model, dims, mesh, sequence_parallel=sequence_parallel, zero_stage=zero_stage,
                        num_microbatches=num_microbatches, v=v, chunks=chunks, ranges=ranges, actions=actions,
-                       expert_replicas=shard_experts(model, dims, mesh.get_group("dp")))  # ep > 1: experts over "ep"
+                       expert_replicas=expert_replicas)
     if checkpoint != "none" and zero_stage == 3:  # inside ZeRO-3's units: a recomputed block gathers again
         apply_checkpointing(model, checkpoint, sharded=BlockShards(pm.fsdp_chunks or [pm.fsdp]))
     return pm

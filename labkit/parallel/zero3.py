@@ -50,11 +50,12 @@ def replica_group(dims, mesh, coords):
     return mine
 
 
-def shard_chunks(model, chunks, group, block_type):
-    """Each of ``chunks`` in a :class:`FullyShardedModule` over ``group``, its blocks, token embedding
-    and output projection as units. Returns the wrappers and the tied weight's shard parameter (None
-    on a middle stage or with untied embeddings). Each wrapper keeps ``sequence_parallel_names`` and
-    ``model_names`` ({its parameter's name: the model's name})."""
+def shard_chunks(model, chunks, group, is_block, unit_groups=None):
+    """Each of ``chunks`` in a :class:`FullyShardedModule` over ``group``, its blocks (``is_block``),
+    token embedding and output projection as units (``unit_groups``: the wrapper's). Returns the
+    wrappers and the tied weight's shard parameter (None on a middle stage or with untied
+    embeddings). Each wrapper keeps ``sequence_parallel_names`` and ``model_names`` ({its
+    parameter's name: the model's name})."""
     model_name = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         model_name.setdefault(id(p), n)  # a tied weight answers to its first name
@@ -62,8 +63,8 @@ def shard_chunks(model, chunks, group, block_type):
     for chunk in chunks:
         ends = {id(m) for m in (getattr(chunk, "wte", None), getattr(chunk, "lm_head", None)) if m is not None}
         named = list(chunk.named_parameters())
-        fsdp = FullyShardedModule(chunk, group=group,
-                                  unit_types=lambda m, ends=ends: isinstance(m, block_type) or id(m) in ends)
+        fsdp = FullyShardedModule(chunk, group=group, unit_groups=unit_groups,
+                                  unit_types=lambda m, ends=ends: is_block(m) or id(m) in ends)
         fsdp.sequence_parallel_names = {n for n, p in named if getattr(p, "sequence_parallel", False)}
         fsdp.model_names = {n: model_name[id(p)] for n, p in named}
         wrapped.append(fsdp)

@@ -117,7 +117,7 @@ def layouts(shape, num_gpus: int, gpus_per_node: int, even_stages: bool = False)
     """(t, p, N_d) with t p N_d = num_gpus: t divides n_head, n_kv_head, d_ff and gpus_per_node (a
     tensor group stays in a node); p is at most n_layer (stages of unequal layer counts when p does
     not divide it: the estimator sizes the most loaded; ``even_stages``: p divides n_layer). With
-    experts, t = 1: the estimate does not model tensor-parallel experts (labkit shards them over ep);
+    experts, t = 1: the estimate does not model experts under tensor parallelism (labkit keeps them whole on each tp rank);
     with MLA, t = 1: labkit's tensor parallelism splits ``CausalSelfAttention`` only."""
     out = []
     for t in _divisors(shape.n_head):

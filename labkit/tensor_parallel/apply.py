@@ -10,7 +10,8 @@ cross-entropy. Rotary positions rotate the whole sequence's q and k, so they are
 sequence parallelism too. With ``sequence_parallel`` the norm (LayerNorm or RMSNorm) and dropout
 regions run on (B, T/t, C) sequence shards (Korthikanti et al. 2022), and the gradients of the
 parameters used there are summed over the group at the end of each backward pass by itself
-(:mod:`.sync`). Called without targets, the model returns whole (B, T, V) logits on every rank.
+(:mod:`.sync`). A mixture-of-experts layer is kept whole on every rank (:mod:`.experts`). Called
+without targets, the model returns whole (B, T, V) logits on every rank.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import torch.nn.functional as F
 from ..collectives import broadcast_from_rank0, check_same_across_ranks, group_src
 from ..layers import SwiGLU, repeat_kv
 from ..model import check_gpt2_block
+from ..moe.layer import MoE
 from ..validate import check_bool, check_choice, check_int
 from .comm import GroupRef, check_group, check_seq_divisible, gather_from_tp
+from .experts import replicate_moe
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, VocabParallelLoss, column_parallel
 from .sync import SequenceParallelGradSync, sync_sequence_parallel_grads
 
@@ -133,7 +136,8 @@ def _mark_sequence_parallel(module: nn.Module) -> None:
 _PARTS = ("wte", "wpe", "blocks", "lm_head", "ln_f")  # what apply_tensor_parallel transforms
 # the Llama-family fields it shards: all (a sliding window lives in the attention core's mask,
 # which each rank applies to its own heads unchanged)
-_SUPPORTS = ("norm", "mlp", "pos", "n_kv_head", "d_ff", "tie_embeddings", "bias", "sliding_window", "n_positions")
+_SUPPORTS = ("norm", "mlp", "pos", "n_kv_head", "d_ff", "tie_embeddings", "bias", "sliding_window", "n_positions",
+             "n_experts")  # a MoE layer is kept whole on every rank (.experts)
 
 
 def _check_shardable(model: nn.Module, t: int) -> None:
@@ -150,7 +154,7 @@ def _check_shardable(model: nn.Module, t: int) -> None:
         attn = block.attn
         n_head, n_kv = _heads(attn)
         check_tp_size(t, n_head=n_head, d_model=attn.c_proj.out_features, n_kv_head=n_kv,
-                      d_ff=block.mlp.c_proj.in_features)
+                      d_ff=None if isinstance(block.mlp, MoE) else block.mlp.c_proj.in_features)
         if attn.dropout > 0:
             raise ValueError(f"dropout={attn.dropout} must be 0 under tensor parallelism here: ranks would draw "
                              "different masks on replicated activations (Megatron keeps an RNG tracker for it)")
@@ -215,7 +219,11 @@ class ParallelSwiGLU(nn.Module):
 
 
 def _shard_mlp(block: nn.Module, group, sp: bool) -> None:
-    """GELU's c_fc (or SwiGLU's gate and up) column-parallel, c_proj row-parallel: d_ff split."""
+    """GELU's c_fc (or SwiGLU's gate and up) column-parallel, c_proj row-parallel: d_ff split; a
+    mixture of experts replicated (:mod:`.experts`)."""
+    if isinstance(block.mlp, MoE):
+        replicate_moe(block.mlp, group, sp)
+        return
     if isinstance(block.mlp, SwiGLU):
         block.mlp = ParallelSwiGLU(block.mlp, group, sp)
         return

@@ -37,6 +37,18 @@ def _unit_predicate(unit_types):
     return lambda m: isinstance(m, types)
 
 
+def _own_groups(module, by_unit, unit_groups, group, init_sync) -> dict:
+    """{unit name: (group, gradient divisor)} of the units ``unit_groups`` shards elsewhere; every
+    unit's parameters synced (``init_sync``) over the group it is sharded over, buffers over ``group``."""
+    own = {n: unit_groups(module.get_submodule(n)) for n in by_unit if n} if unit_groups else {}
+    own = {n: g for n, g in own.items() if g is not None}
+    sync_initial_state([m for n, ms in by_unit.items() if n not in own for m in ms], module.named_buffers(),
+                       group=group, init_sync=init_sync)
+    for n, (g, _) in own.items():  # parameters that differ across ``group``: synced over their own
+        sync_initial_state(by_unit[n], group=g, init_sync=init_sync)
+    return own
+
+
 class FullyShardedModule(nn.Module):
     """ZeRO stage 3 around any ``nn.Module``; its ``parameters()`` are this rank's shards.
 
@@ -44,10 +56,12 @@ class FullyShardedModule(nn.Module):
     reduce-scatters in 16 bits while the shards stay fp32 master weights. Build the optimizer
     on ``parameters()``; gradients are complete after backward (``finish_grad_sync`` runs by
     itself at its end). ``full_state_dict()`` gathers a plain state dict of the wrapped module.
+    ``unit_groups(module)``: None, or (group, divisor) to shard that unit over another group, its
+    gradient summed there and divided by ``divisor`` (expert parallelism's experts).
     """
 
     def __init__(self, module: nn.Module, *, group=None, unit_types=(), compute_dtype=None,
-                 init_sync: str = "broadcast"):
+                 init_sync: str = "broadcast", unit_groups=None):
         super().__init__()
         if compute_dtype not in _DTYPES:
             raise ValueError(f"compute_dtype={compute_dtype!r} must be one of {list(_DTYPES)}")
@@ -56,7 +70,6 @@ class FullyShardedModule(nn.Module):
         self.group, self.compute_dtype = group, compute_dtype
         self.world_size = dist.get_world_size(group)
         named = list(module.named_parameters())
-        sync_initial_state(named, module.named_buffers(), group=group, init_sync=init_sync)
         fqn_of = {id(p): fqn for fqn, p in named}  # a tied parameter answers to its first name
         self._state_plan = []  # (key, fqn of a parameter) or (key, (module, buffer name))
         for key, value in module.state_dict(keep_vars=True).items():
@@ -89,10 +102,12 @@ class FullyShardedModule(nn.Module):
         for fqn, p in named:
             owners = units_using[id(p)]
             by_unit.setdefault(owners.pop() if len(owners) == 1 else "", []).append((fqn, p))
+        own = _own_groups(module, by_unit, unit_groups, group, init_sync)
         self._units, slices = [], []
         for name, members in by_unit.items():
-            unit = _Unit(name, members, [refs[id(p)] for _, p in members], group, compute_dtype,
-                         self._after_backward)
+            g, divisor = own.get(name, (group, None))
+            unit = _Unit(name, members, [refs[id(p)] for _, p in members], g, compute_dtype,
+                         self._after_backward, divisor)
             self._units.append(unit)
             slices += unit.slices
             for module_ref, attr in (r for _, p in members for r in refs[id(p)]):
@@ -203,7 +218,7 @@ class FullyShardedModule(nn.Module):
         """The wrapped module's ``state_dict()``, parameters gathered in full (every rank)."""
         values = {}
         for unit in self._units:
-            full = all_gather_flat(unit.shard, self.world_size, self.group)
+            full = all_gather_flat(unit.shard, unit.world_size, unit.group)
             for name, view in zip(unit.names, unit.layout.views(full)):
                 values[name] = view.clone()
         return {key: values[src] if isinstance(src, str) else getattr(*src).detach().clone()

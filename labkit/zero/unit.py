@@ -19,13 +19,15 @@ class Unit:
     """One unit's parameters: a flat shard (S,) in the master dtype and a view of it per parameter.
 
     ``refs[i]`` lists the (module, attribute) pairs through which parameter i is read;
-    ``after_backward.arm()`` is called whenever backward reaches the unit.
+    ``after_backward.arm()`` is called whenever backward reaches the unit; the gradient summed over
+    ``group`` is divided by ``divisor`` (default: the group's size, the mean).
     """
 
-    def __init__(self, name, named_params, refs, group, compute_dtype, after_backward):
+    def __init__(self, name, named_params, refs, group, compute_dtype, after_backward, divisor=None):
         names, params = [n for n, _ in named_params], [p for _, p in named_params]
         self.name, self.names, self.refs, self.group = name, names, refs, group
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.divisor = self.world_size if divisor is None else divisor  # the gradient's: the mean by default
         self.after_backward = after_backward
         self.layout = FlatLayout.of(names, params)
         self.S = shard_numel(self.layout.numel, self.world_size)
@@ -80,7 +82,7 @@ class Unit:
         """Called by AllGatherParams.backward: free the parameters, launch the reduce-scatter."""
         self.after_backward.arm()
         self.full_bwd = None
-        grad_full.div_(self.world_size)  # the mean over ranks, as DDP takes it
+        grad_full.div_(self.divisor)  # the mean over ranks, as DDP takes it (unless told otherwise)
         shard, work = reduce_scatter_flat(grad_full, self.world_size, self.group, async_op=True)
         self.pending.append((work, shard, grad_full, used))
 
