@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from .messages import render
 from .validate import ArgumentError, check_int
 
 __all__ = ["shape_fields", "read_config_json", "SUPPORTED", "HARMLESS", "REQUIRED", "HF_CONFIG_FIELDS"]
@@ -19,15 +20,14 @@ __all__ = ["shape_fields", "read_config_json", "SUPPORTED", "HARMLESS", "REQUIRE
 # Keys that change neither parameters, memory nor FLOPs: ids, epsilons, initialisation, dropout,
 # caching, routing and rotary constants, soft-capping and attention scales (elementwise work).
 HARMLESS = frozenset((
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
-    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "rms_norm_eps", "norm_eps",
-    "use_cache", "attention_dropout", "resid_pdrop", "embd_pdrop", "rope_scaling", "rope_parameters",
-    "pretraining_tp", "auto_map", "router_aux_loss_coef", "output_router_logits", "norm_topk_prob",
-    "router_jitter_noise", "original_max_position_embeddings", "partial_rotary_factor",
-    "_attn_implementation_autoset", "attn_logit_softcapping", "final_logit_softcapping",
-    "query_pre_attn_scalar", "cache_implementation", "swiglu_limit", "initial_context_length",
-    "aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor", "n_group", "topk_group",
-    "ep_size", "rope_interleave", "attn_temperature_tuning", "floor_scale", "attn_scale",
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path", "bos_token_id",
+    "eos_token_id", "pad_token_id", "initializer_range", "rms_norm_eps", "norm_eps", "use_cache",
+    "attention_dropout", "resid_pdrop", "embd_pdrop", "rope_scaling", "rope_parameters", "pretraining_tp",
+    "auto_map", "router_aux_loss_coef", "output_router_logits", "norm_topk_prob", "router_jitter_noise",
+    "original_max_position_embeddings", "partial_rotary_factor", "_attn_implementation_autoset",
+    "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "cache_implementation",
+    "swiglu_limit", "initial_context_length", "aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
+    "n_group", "topk_group", "ep_size", "rope_interleave", "attn_temperature_tuning", "floor_scale", "attn_scale",
     "for_llm_compressor", "max_window_layers", "tokenizer_class"))
 # The keys every family reads, and the ModelShape field each fills (each family's others: FAMILIES).
 HF_CONFIG_FIELDS = {
@@ -35,14 +35,13 @@ HF_CONFIG_FIELDS = {
     "vocab_size": "vocab_size", "max_position_embeddings": "seq_len",
     "num_key_value_heads": "n_kv_head", "intermediate_size": "d_ff", "head_dim": "d_head",
 }
-REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
-            "max_position_embeddings", "intermediate_size")
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings",
+            "intermediate_size")
 # Keys every family reads (the field each fills is set in _common)
 _COMMON = REQUIRED + ("num_key_value_heads", "head_dim", "rope_theta", "tie_word_embeddings",
                       "hidden_act", "attention_bias", "mlp_bias", "quantization_config", "layer_types")
 _QWEN_WINDOW = ("sliding_window", "use_sliding_window")
-_QWEN_MOE = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-             "mlp_only_layers")
+_QWEN_MOE = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers")
 _DEEPSEEK = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
              "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
              "first_k_dense_replace", "moe_layer_freq", "topk_method", "num_nextn_predict_layers")
@@ -59,8 +58,7 @@ FAMILIES = {
     "deepseek_v3": (_DEEPSEEK, "silu", False),
     "phi3": (("sliding_window",), "silu", False),
     "gemma2": (("sliding_window", "sliding_window_size", "hidden_activation"), "gelu_pytorch_tanh", True),
-    "gpt_oss": (("sliding_window", "num_local_experts", "num_experts_per_tok", "experts_per_token"),
-                "silu", False),
+    "gpt_oss": (("sliding_window", "num_local_experts", "num_experts_per_tok", "experts_per_token"), "silu", False),
     "llama4_text": (("num_local_experts", "num_experts_per_tok", "intermediate_size_mlp",
                      "interleave_moe_layer_step", "moe_layers", "attention_chunk_size", "no_rope_layers",
                      "use_qk_norm"),  # Llama 4's qk-norm is an L2 norm without weights
@@ -68,9 +66,14 @@ FAMILIES = {
 }
 # a multimodal model_type -> its language model's, read from "text_config"
 MULTIMODAL = {"llama4": "llama4_text"}
-_WRAPPER = HARMLESS | {"text_config", "vision_config", "tie_word_embeddings", "boi_token_index",
-                       "eoi_token_index", "image_token_index"}
+_WRAPPER = HARMLESS | {"text_config", "vision_config", "tie_word_embeddings", "boi_token_index", "eoi_token_index",
+                       "image_token_index"}
 SUPPORTED = tuple(FAMILIES) + tuple(MULTIMODAL)
+
+
+def _refused(kind: str, **fields) -> ArgumentError:
+    """A refusal of ``kind`` worded by labkit.messages' English catalogue (the one wording of it)."""
+    return ArgumentError(render("error." + kind, "en", **fields), kind, **fields)
 
 
 def read_config_json(text: str) -> dict:
@@ -102,9 +105,7 @@ def shape_fields(config: dict) -> dict:
         _refuse_unknown(config, _WRAPPER, model_type)
         text = config.get("text_config")
         if not isinstance(text, dict) or text.get("model_type") != MULTIMODAL[model_type]:
-            raise ArgumentError(f"model_type={model_type!r} needs a text_config of model_type "
-                                f"{MULTIMODAL[model_type]!r}: its language model is what is read",
-                                "config_text", model_type=model_type, text_type=MULTIMODAL[model_type])
+            raise _refused("config_text", model_type=model_type, text_type=MULTIMODAL[model_type])
         source = (f"the language model (text_config) of a {model_type} config.json; "
                   "its vision encoder and projector are not counted")
         config, model_type = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **text}, \
@@ -166,8 +167,7 @@ def _weight_format(c: dict) -> dict:
     if q is None:
         return {}
     if not isinstance(q, dict) or not isinstance(q.get("quant_method"), str):
-        raise ArgumentError(f"quantization_config={q!r} must be a dict with a 'quant_method' string",
-                            "config_quantization", value=q)
+        raise _refused("config_quantization", value=q)
     return {"weight_format": q["quant_method"]}
 
 
@@ -175,8 +175,7 @@ def _windows(c: dict, switched: bool) -> dict:
     """``sliding_window`` and ``layer_types`` -> sliding_window, full_attention_every. ``switched``:
     the family applies its window only with ``use_sliding_window`` (Qwen's; default False)."""
     if c.get("use_sliding_window"):
-        raise ArgumentError("use_sliding_window=True (a window on the layers from max_window_layers on) "
-                            "is not modelled", "config_window_switch")
+        raise _refused("config_window_switch")
     window = None if switched else c.get("sliding_window")
     types = c.get("layer_types")
     if types is None:
@@ -189,17 +188,14 @@ def _pattern(types, n_layer, kinds, window, key) -> dict:
     """A per-layer list of (full, windowed) kinds -> every k-th layer full, the others windowed."""
     full, windowed = kinds
     if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
-        raise ArgumentError(f"{key} must list {full!r} or {windowed!r} for each of {n_layer} layers",
-                            "config_layer_list", key=key, full=full, windowed=windowed, n_layer=n_layer)
+        raise _refused("config_layer_list", key=key, full=full, windowed=windowed, n_layer=n_layer)
     if windowed not in types:
         return {"sliding_window": None}
     if window is None:
-        raise ArgumentError(f"{key} has {windowed!r} layers but the config gives no window size",
-                            "config_no_window", key=key, windowed=windowed)
+        raise _refused("config_no_window", key=key, windowed=windowed)
     k = types.index(full) + 1 if full in types else None
     if k is not None and types != [full if (i + 1) % k == 0 else windowed for i in range(n_layer)]:
-        raise ArgumentError(f"{key}={types!r}: only every k-th layer full, the others windowed, is modelled",
-                            "config_layer_pattern", key=key, value=types)
+        raise _refused("config_layer_pattern", key=key, value=types)
     return {"sliding_window": window, **({"full_attention_every": k} if k else {})}
 
 
@@ -212,12 +208,11 @@ def _experts(c: dict, count: str, tops: tuple, width: str | None) -> dict:
         raise ArgumentError(f"config.json is missing {missing}: a mixture of experts needs its expert "
                             "count and experts per token", "config_missing_experts", missing=missing)
     if any(t != top[0] for t in top):
-        raise ArgumentError(f"{list(tops)} disagree: {top}", "config_disagree", keys=list(tops), values=top)
+        raise _refused("config_disagree", keys=list(tops), values=top)
     fields = {"n_experts": c[count], "experts_per_token": top[0]}
     if width is not None:
         if c.get(width) is None:
-            raise ArgumentError(f"config.json is missing ['{width}'] (the experts' width)",
-                                "config_missing_width", key=width)
+            raise _refused("config_missing_width", key=width)
         fields["d_expert"] = c[width]
     return fields
 
@@ -237,12 +232,9 @@ def _qwen2_moe(c: dict) -> dict:
 def _deepseek(c: dict) -> dict:
     """MLA and DeepSeekMoE; ``head_dim`` (transformers 5's name for qk_rope_head_dim) must agree."""
     if c.get("moe_layer_freq", 1) != 1:
-        raise ArgumentError(f"moe_layer_freq={c['moe_layer_freq']!r}: only 1 (every layer after "
-                            "first_k_dense_replace sparse) is modelled", "config_moe_freq", value=c["moe_layer_freq"])
+        raise _refused("config_moe_freq", value=c["moe_layer_freq"])
     if c.get("head_dim") not in (None, c.get("qk_rope_head_dim")):
-        raise ArgumentError(f"head_dim={c['head_dim']!r} differs from qk_rope_head_dim="
-                            f"{c.get('qk_rope_head_dim')!r}: MLA's head sizes are read from the qk_* keys",
-                            "config_head_dim", head_dim=c["head_dim"], rope=c.get("qk_rope_head_dim"))
+        raise _refused("config_head_dim", head_dim=c["head_dim"], rope=c.get("qk_rope_head_dim"))
     default = "noaux_tc" if c.get("model_type") == "deepseek_v3" else "greedy"
     method = c.get("topk_method", default)
     check_int("num_nextn_predict_layers", c.get("num_nextn_predict_layers", 0), 0)
@@ -265,13 +257,11 @@ def _llama4(c: dict) -> dict:
     """Llama 4's text model: experts of ``intermediate_size`` and one shared one; dense layers of
     ``intermediate_size_mlp``; chunked attention on the layers with rotary positions."""
     if c.get("intermediate_size_mlp") is None:
-        raise ArgumentError("config.json is missing ['intermediate_size_mlp'] (Llama 4's dense layers' width)",
-                            "config_missing_dense_width", key="intermediate_size_mlp")
+        raise _refused("config_missing_dense_width", key="intermediate_size_mlp")
     step = c.get("interleave_moe_layer_step", 1)
     moe = [i for i in range(c["num_hidden_layers"]) if isinstance(step, int) and step and (i + 1) % step == 0]
     if c.get("moe_layers") not in (None, moe):
-        raise ArgumentError(f"moe_layers={c['moe_layers']!r} is not every interleave_moe_layer_step={step!r}-th "
-                            "layer: only that pattern is modelled", "config_moe_layers", value=c["moe_layers"], step=step)
+        raise _refused("config_moe_layers", value=c["moe_layers"], step=step)
     chunk, nope = c.get("attention_chunk_size"), c.get("no_rope_layers")
     if nope is None:
         nope = [int((i + 1) % 4 != 0) for i in range(c["num_hidden_layers"])]  # its default: 1 in 4 NoPE
@@ -285,9 +275,7 @@ def _llama4(c: dict) -> dict:
 
 def _gemma2(c: dict) -> dict:
     if c.get("sliding_window_size", c.get("sliding_window")) != c.get("sliding_window"):
-        raise ArgumentError(f"sliding_window_size={c['sliding_window_size']!r} differs from sliding_window="
-                            f"{c.get('sliding_window')!r}", "config_window_size", size=c["sliding_window_size"],
-                            window=c.get("sliding_window"))
+        raise _refused("config_window_size", size=c["sliding_window_size"], window=c.get("sliding_window"))
     windows = {} if c.get("layer_types") else {"full_attention_every": 2}  # sliding, full, sliding, ...
     return {"ffn_norms": True, **windows}
 
