@@ -107,6 +107,7 @@ def _not_trained(shape, tp_size: int, ep_size: int) -> int:
     return (E - experts_per_rank(E, ep_size)) * shape.expert_params(tp_size) + (E if shape.router_bias else 0)
 
 
+@lru_cache(maxsize=4096)  # a sweep asks it for every configuration, and it walks every layer
 def rank_layer_params(shape, tp_size: int, ep_size: int) -> int:
     """The parameters of a rank's largest layer: a dense one, or a MoE one with its E / ep experts."""
     return max(shape.layer_params(tp_size, i) - (_not_trained(shape, tp_size, ep_size) if shape.is_moe_layer(i) else 0)
