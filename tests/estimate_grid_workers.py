@@ -93,8 +93,7 @@ def _chunk_activations(pm, x, y) -> int:
             if stage == 0:
                 kept = chunk(x[:mb])
             else:
-                h = torch.empty(mb, seq, pm.model.cfg.d_model, dtype=pm.model.wte.weight.dtype).normal_()
-                h.requires_grad_()
+                h = _received(pm, mb, seq)
                 kept = (h, chunk(h))
             if pm.is_last_stage:
                 kept = (h, pm.loss_fn(kept[1], y[:mb]))  # the logits are freed once the loss is taken
@@ -102,10 +101,34 @@ def _chunk_activations(pm, x, y) -> int:
     return meter.report().activations
 
 
-def _pipeline_activations(pm, x, y) -> int:
+def _received(pm, mb: int, seq: int):
+    """A stage's received activation for :func:`_chunk_activations`: the same values on every call
+    and rank (seeded), so that a second forward routes its rows to the experts as the measured one."""
+    gen = torch.Generator().manual_seed(1234)
+    h = torch.empty(mb, seq, pm.model.cfg.d_model, dtype=pm.model.wte.weight.dtype).normal_(generator=gen)
+    return h.requires_grad_()
+
+
+def _chunk_rows(pm, x) -> list:
+    """(rows dispatched, rows received) of each MoE layer of this stage's chunk in the forward
+    :func:`_chunk_activations` measures (the same input, so the same routing); no backward."""
+    chunk, mb = pm.chunks[0], x.shape[0] // pm.num_microbatches
+    seq = x.shape[1] // pm.dims.tp_size if pm.sequence_parallel else x.shape[1]
+    layers = moe_layers(chunk)
+    for layer in layers:
+        layer.exchange = _Counted(layer.exchange)
+    out = chunk(x[:mb] if pm.coords.pp == 0 else _received(pm, mb, seq))
+    rows = [(layer.kept, layer.exchange.received[-1]) for layer in layers]
+    for layer in layers:
+        layer.exchange = layer.exchange.exchange
+    del out
+    return rows
+
+
+def _pipeline_activations(pm, x, y) -> tuple[int, int, list]:
     """The most activation bytes this stage keeps at once: the most micro-batches it held (counted
     by the pipeline runtime in the step ``pm.forward_backward`` runs, called here as it calls it)
-    times one's."""
+    times one's; that count; and one micro-batch's MoE rows on this stage (:func:`_chunk_rows`)."""
     m, model = pm.num_microbatches, pm.model
     seq = x.shape[1] // pm.dims.tp_size if pm.sequence_parallel else x.shape[1]
     sync = pm.data_parallel.no_sync() if pm.data_parallel is not None else contextlib.nullcontext()
@@ -115,7 +138,8 @@ def _pipeline_activations(pm, x, y) -> int:
                            act_shape=(x.shape[0] // m, seq, model.cfg.d_model), act_dtype=model.wte.weight.dtype,
                            device=x.device, group=pm.group["pp"], ranks=pm.pp_ranks, tied=model.wte.weight,
                            count_saved=False)
-    return res.peak_live * _chunk_activations(pm, x, y)
+    rows = _chunk_rows(pm, x) if pm.model.cfg.n_experts else []
+    return res.peak_live * _chunk_activations(pm, x, y), res.peak_live, rows
 
 
 def _local_activations(pm, x, y) -> int:
@@ -183,12 +207,15 @@ def measure_case(family, degrees, kwargs, global_batch=8, seed=0) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
     states = meter.report().max_by_category
-    acts = _pipeline_activations(pm, x, y) if pp > 1 else _local_activations(pm, x, y)
-    rows = _moe_rows(pm, x, y) if cfg.n_experts and pp == 1 else []
+    if pp > 1:  # a stage: the micro-batches it held at once, each with the rows its MoE layers ran
+        acts, live, rows = _pipeline_activations(pm, x, y)
+    else:
+        acts, live = _local_activations(pm, x, y), 1
+        rows = _moe_rows(pm, x, y) if cfg.n_experts else []
     opt.zero_grad(set_to_none=True)
     return {"params": states["parameters"], "grads": states["gradients"], "optimizer": states["optimizer"],
             "activations": acts, "step_counters": step_counter_bytes(opt), "stage": pm.coords.pp,
-            "micro_batch": x.shape[0] // pm.num_microbatches, "moe_rows": rows}
+            "micro_batch": x.shape[0] // pm.num_microbatches, "moe_rows": rows, "live": live}
 
 
 def grid_rank(rank, world_size, cases, global_batch=8, seed=0) -> list[dict]:
