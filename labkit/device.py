@@ -39,19 +39,26 @@ def seed_everything(seed: int = 0) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def setup(seed: int = 0, device: str | None = None, verbose: bool = True) -> torch.device:
+def setup(seed: int = 0, device: str | None = None, verbose: bool = True,
+          lang: str | None = None) -> torch.device:
     """Seed everything, pick the device and print the versions a lab depends on.
 
     Returns the chosen ``torch.device``. The printed device is the device *type* only,
-    so a notebook's checked output is the same on every CPU or every GPU.
+    so a notebook's checked output is the same on every CPU or every GPU. ``lang`` ("en",
+    "zh_CN"; None keeps the current one) is the language of what labkit prints from then on in
+    this process: its tables, reasons and notes (``labkit.messages.use``); the Chinese labs pass
+    "zh_CN".
     """
+    from . import messages
     from .version import __version__
 
     check_bool("verbose", verbose)
+    if lang is not None:
+        messages.use(lang)
     seed_everything(seed)
     dev = pick_device(device)
     if verbose:
         print(f"Python {platform.python_version()} | torch {torch.__version__} | labkit {__version__}")
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine()
-        print(f"device: {dev.type} ({name}), seed {seed}")
+        print(messages.say("setup.device", device=dev.type, name=name, seed=seed))
     return dev

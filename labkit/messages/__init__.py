@@ -31,7 +31,7 @@ from .en import CATALOGUE as _EN
 from .zh_cn import CATALOGUE as _ZH
 
 __all__ = ["CATALOGUES", "LANGUAGES", "language", "known", "render", "pieces", "error_message",
-           "training_reason", "serving_reason"]
+           "training_reason", "serving_reason", "use", "current", "using", "say", "width", "pad"]
 
 LANGUAGES = ("en", "zh_CN")
 
@@ -53,6 +53,63 @@ def language(lang) -> str:
         if name.split("_")[0] == base:
             return name
     raise ValueError(f"lang={lang!r} has no catalogue; valid: {list(LANGUAGES)} (or zh, zh-CN)")
+
+
+# The language labkit's own printed text takes when a caller names none: tables, reasons, notes,
+# the banner of labkit.setup (which sets it: ``labkit.setup(lang="zh_CN")``, as the Chinese labs
+# do). English unless set; the command line always speaks English (labkit.plan.cli).
+_CURRENT = ["en"]
+
+
+def use(lang) -> str:
+    """Make ``lang`` the language of labkit's printed text in this process; returns the one it
+    replaces."""
+    previous, _CURRENT[0] = _CURRENT[0], language(lang)
+    return previous
+
+
+def current() -> str:
+    """The language labkit's printed text is in now ("en" unless :func:`use` said otherwise)."""
+    return _CURRENT[0]
+
+
+class using:
+    """``with using("en"): ...``: ``lang`` for the block, the previous language after it."""
+
+    def __init__(self, lang):
+        self.lang = language(lang)
+
+    def __enter__(self):
+        self.previous = use(self.lang)
+        return self.lang
+
+    def __exit__(self, *exc):
+        use(self.previous)
+        return False
+
+
+def say(kind: str, **fields) -> str:
+    """``kind`` rendered in the current language (:func:`current`)."""
+    return render(kind, current(), **fields)
+
+
+# East Asian wide and fullwidth characters take two columns of a terminal or a notebook's output
+# (no unicodedata: Brython runs this module in the page).
+_WIDE = ((0x1100, 0x115F), (0x2E80, 0x303E), (0x3041, 0x33FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF),
+         (0xA000, 0xA4CF), (0xAC00, 0xD7A3), (0xF900, 0xFAFF), (0xFE30, 0xFE4F), (0xFF00, 0xFF60),
+         (0xFFE0, 0xFFE6))
+
+
+def width(text) -> int:
+    """The columns ``text`` takes in a monospaced font: two for each wide (CJK) character."""
+    return sum(2 if any(a <= ord(c) <= b for a, b in _WIDE) else 1 for c in str(text))
+
+
+def pad(text, columns: int, align: str = "<") -> str:
+    """``text`` padded with spaces to ``columns`` display columns: ``align`` "<" (left) or ">"."""
+    text = str(text)
+    fill = " " * max(0, columns - width(text))
+    return text + fill if align == "<" else fill + text
 
 
 def known(kind: str) -> bool:

@@ -168,4 +168,7 @@ CATALOGUE = {
                         "loop, or a machine too busy to finish in time: --timeout SECONDS allows "
                         "longer); every question scores 0."),
     "grade.note": "note: {notice}", "grade.total": "total",
+    # what labkit prints (labkit.setup's banner, the meter's table, the planner's tables, the
+    # estimates' breakdowns), in the language labkit.messages.use set
+    "setup.device": "device: {device} ({name}), seed {seed}",
 }

@@ -149,4 +149,5 @@ CATALOGUE = {
     "grade.timed_out": ("超时：{timeout:g} 秒后 notebook 仍未运行完（死循环，或者机器太忙、来不及运行完："
                         "--timeout SECONDS 可以放宽时限）；所有问题都记 0 分。"),
     "grade.note": "说明：{notice}", "grade.total": "总分",
+    "setup.device": "设备：{device}（{name}），随机种子 {seed}",
 }

@@ -235,6 +235,14 @@ def _emit_config(args, fail, result, shape, read) -> int:
 
 
 def main(argv=None) -> int:
+    """The command line, in English whatever language labkit prints in (labkit.messages.use)."""
+    from ..messages import using
+
+    with using("en"):
+        return _main(argv)
+
+
+def _main(argv) -> int:
     from .table import listing, serving_table, shape_lines, shape_summary, training_table
 
     parser = build_parser()
