@@ -13,9 +13,12 @@ Tool markers (# NBVAL_..., # noqa), shapes such as ``# (B, T, h)`` and data (dic
 arguments, paths) stay. Then the notebook is run as the English labs are (nbconvert, from labs/;
 matplotlib with a CJK font behind DejaVu Sans), so its outputs are what its code prints, the
 English lab's numbers (tests/test_i18n.py checks them, and that nothing else moved).
-What labkit itself prints stays English, having no language parameter: the values it returns
-and the lab prints (phase names such as "backward", a policy's or plan's repr, the planner's
-tables and reasons, the CLI's output, exception messages), and labels the lab takes from data
+A literal bound to a name that the cell only prints (``line = f"..."``, a loop's label) counts as
+printed. The Chinese lab's ``labkit.setup(...)`` call gains ``lang="zh_CN"`` (its one other change),
+so what labkit prints is in Chinese too: its tables, reasons and notes, the meter's table, the
+exceptions a lab shows (labkit.messages). What stays English: the values labkit returns and the
+lab prints (phase names such as "backward", option values such as "selective", a plan's repr),
+an engine's configuration (code), the command line's output, and labels the lab takes from data
 (dict values such as "torch DDP", legend entries named by dict keys).
 """
 
@@ -149,47 +152,96 @@ def holds_words(text: str) -> bool:
                for w in _WORD.findall(" ".join([i18n.without_fields(text)] + quoted)))
 
 
+def _reaches_a_reader(node: ast.AST, parents: dict) -> bool:
+    """Whether ``node``'s value is shown: it sits in the arguments of a call that prints or draws
+    text (or a ``label=``-like keyword), through joins, f-strings, ``.format`` and choices."""
+    child, parent = node, parents.get(node)
+    while parent is not None:
+        if isinstance(parent, ast.keyword):
+            return parent.arg in _SHOW_KEYWORDS
+        if isinstance(parent, ast.Call):
+            func = parent.func
+            if child is func:
+                return False
+            if isinstance(func, ast.Attribute) and func.value is child:
+                if func.attr in _STR_METHODS:  # "a {}".format(x): the template goes on
+                    child, parent = parent, parents.get(parent)
+                    continue
+                return False
+            name = func.id if isinstance(func, ast.Name) else \
+                func.attr if isinstance(func, ast.Attribute) else None
+            if name in _SHOW_FUNCS or isinstance(func, ast.Attribute) and (
+                    name in _SHOW_METHODS or name in _TICKS and child in parent.args[1:]):
+                return True
+            if isinstance(func, ast.Attribute) and name in _STR_METHODS \
+                    and child in parent.args:  # ", ".join([...]): goes on
+                child, parent = parent, parents.get(parent)
+                continue
+            return False
+        if isinstance(parent, ast.FormattedValue) and child is parent.format_spec:
+            return False
+        if not isinstance(parent, _PASS_THROUGH):
+            return False
+        child, parent = parent, parents.get(parent)
+    return False
+
+
+def _shown_names(tree: ast.AST, parents: dict) -> set[str]:
+    """The names whose value a cell only shows (``print(line)``, ``f"{name}: ..."`` printed),
+    used nowhere else in it (a key, an argument), so a translated value changes no result."""
+    loads = [node for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+             and not _glued(node, parents)]
+    shown = {node.id for node in loads if _reaches_a_reader(node, parents)}
+    return shown - {node.id for node in loads if not _reaches_a_reader(node, parents)}
+
+
+def _glued(node: ast.AST, parents: dict) -> bool:
+    """Whether ``node`` is an argument of ``glue(...)``: the value the English page shows (its
+    Chinese is the call's ``zh=``), neither a result nor something the Chinese lab prints."""
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "glue":
+            return True
+    return False
+
+
+def _bound_to_shown_name(node: ast.AST, parents: dict, names: set[str]) -> bool:
+    """Whether ``node`` is (part of) the value bound to a shown name: ``line = f"..."``,
+    ``line += "..."``, or the item of a loop's tuples that a shown loop variable takes
+    (``for name, x in (("the fastest", a), ...)``)."""
+    child, parent, position = node, parents.get(node), None
+    while isinstance(parent, _PASS_THROUGH):
+        if isinstance(parent, ast.FormattedValue) and child is parent.format_spec:
+            return False
+        if isinstance(parent, ast.Tuple) and position is None:
+            position = parent.elts.index(child)  # the item's place in its loop tuple
+        child, parent = parent, parents.get(parent)
+    if isinstance(parent, ast.Assign) and child is parent.value:
+        return any(isinstance(t, ast.Name) and t.id in names for t in parent.targets)
+    if isinstance(parent, ast.AugAssign) and child is parent.value:
+        return isinstance(parent.target, ast.Name) and parent.target.id in names
+    if isinstance(parent, ast.For) and child is parent.iter and position is not None \
+            and isinstance(parent.target, ast.Tuple) and position < len(parent.target.elts):
+        target = parent.target.elts[position]
+        return isinstance(target, ast.Name) and target.id in names
+    return False
+
+
 def _shown_nodes(tree: ast.AST) -> set[tuple[int, int, int, int]]:
     """The (start, end) positions of the str literals that reach a reader: inside the arguments
-    of a call that prints or draws text, through joins, f-strings, ``.format`` and choices."""
+    of a call that prints or draws text, through joins, f-strings, ``.format`` and choices, or
+    bound to a name that does (a variable, a loop variable) in the same cell."""
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    names = _shown_names(tree, parents)
     shown = set()
     for node in ast.walk(tree):
         if not (isinstance(node, ast.JoinedStr)
                 or isinstance(node, ast.Constant) and isinstance(node.value, str)):
             continue
-        child, parent = node, parents.get(node)
-        if isinstance(parent, ast.JoinedStr):  # a constant part of an f-string: the f-string
+        if isinstance(parents.get(node), ast.JoinedStr):  # a constant part of an f-string
             continue
-        while parent is not None:
-            if isinstance(parent, ast.keyword):
-                if parent.arg in _SHOW_KEYWORDS:
-                    shown.add((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset))
-                break
-            if isinstance(parent, ast.Call):
-                func = parent.func
-                if child is func:
-                    break
-                if isinstance(func, ast.Attribute) and func.value is child:
-                    if func.attr in _STR_METHODS:  # "a {}".format(x): the template goes on
-                        child, parent = parent, parents.get(parent)
-                        continue
-                    break
-                name = func.id if isinstance(func, ast.Name) else \
-                    func.attr if isinstance(func, ast.Attribute) else None
-                if name in _SHOW_FUNCS or isinstance(func, ast.Attribute) and (
-                        name in _SHOW_METHODS or name in _TICKS and child in parent.args[1:]):
-                    shown.add((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset))
-                if isinstance(func, ast.Attribute) and name in _STR_METHODS \
-                        and child in parent.args:  # ", ".join([...]): goes on
-                    child, parent = parent, parents.get(parent)
-                    continue
-                break
-            if isinstance(parent, ast.FormattedValue) and child is parent.format_spec:
-                break
-            if not isinstance(parent, _PASS_THROUGH):
-                break
-            child, parent = parent, parents.get(parent)
+        if _reaches_a_reader(node, parents) or _bound_to_shown_name(node, parents, names):
+            shown.add((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset))
     return shown
 
 
@@ -299,7 +351,33 @@ def translate_code(source: str, translations: dict[str, str]) -> tuple[str, list
             for k, piece in zip(unit.tokens, cut(chinese, sizes, literal=True)):
                 prefix, quote, _ = _split_literal(tokens[k].string)
                 texts[k] = prefix + quote + piece + quote
+    for k in _setup_calls(tokens):  # what labkit prints is in Chinese from there on
+        texts[k] = (SETUP_LANG if tokens[k - 1].string == "(" else ", " + SETUP_LANG) + ")"
     return _untokenize(source, tokens, texts), missing
+
+
+# The one argument the Chinese lab adds: its labkit.setup(...) call (first cell) makes labkit print
+# its tables, reasons and notes in Chinese (labkit.messages.use).
+SETUP_LANG = 'lang="zh_CN"'
+
+
+def _setup_calls(tokens) -> list[int]:
+    """The index of the closing parenthesis of each ``labkit.setup(...)`` call in ``tokens``."""
+    found = []
+    for n in range(len(tokens) - 3):
+        if [t.string for t in tokens[n:n + 4]] == ["labkit", ".", "setup", "("]:
+            depth = 0
+            for k in range(n + 3, len(tokens)):
+                depth += {"(": 1, ")": -1}.get(tokens[k].string, 0) if tokens[k].type == tokenize.OP else 0
+                if depth == 0:
+                    found.append(k)
+                    break
+    return found
+
+
+def english_setup(source: str) -> str:
+    """A Chinese lab's code cell with its labkit.setup call as the English lab has it."""
+    return source.replace(", " + SETUP_LANG + ")", ")").replace("(" + SETUP_LANG + ")", "()")
 
 
 def _untokenize(source: str, tokens, texts: dict[int, str]) -> str:

@@ -804,7 +804,7 @@ def test_chinese_lab_is_the_english_lab_translated(lab):
     English code except its comments and shown literals, each its catalogue translation."""
     nb, missing = zh_labs.chinese_lab(ROOT / "labs" / lab)
     assert not missing, f"{lab}: untranslated in the Chinese lab: {missing}"
-    code = zh_labs.code_translations(ROOT / "labs" / lab)
+    code, setups = zh_labs.code_translations(ROOT / "labs" / lab), 0
     for (en, zh), want in zip(_lab_pair(lab), nb["cells"]):
         assert "".join(zh["source"]) == "".join(want["source"]), (
             f"labs/zh/{lab} is stale: python scripts/zh_labs.py {lab[:2]}")
@@ -813,8 +813,11 @@ def test_chinese_lab_is_the_english_lab_translated(lab):
                 f"labs/zh/{lab}: a Markdown cell without Chinese: {''.join(zh['source'])[:80]}")
         if en["cell_type"] != "code":
             continue
-        source = "".join(en["source"])
-        ours, theirs = zh_labs._tokens(source), zh_labs._tokens("".join(zh["source"]))
+        source, chinese = "".join(en["source"]), "".join(zh["source"])
+        if "labkit.setup(" in source:  # its one added argument: labkit prints in Chinese
+            assert zh_labs.SETUP_LANG in chinese, f"{lab}: labkit.setup without {zh_labs.SETUP_LANG}"
+            setups += 1
+        ours, theirs = zh_labs._tokens(source), zh_labs._tokens(zh_labs.english_setup(chinese))
         assert [t.type for t in ours] == [t.type for t in theirs], f"{lab}: tokens moved"
         units = zh_labs.code_units(source)
         translated = {k for u in units for k in u.tokens}
@@ -832,6 +835,7 @@ def test_chinese_lab_is_the_english_lab_translated(lab):
                 # a comment block's lines joined, where its cuts fell (spaces aside)
                 text = re.sub(r"\s", "", "".join(p[1:] for p in pieces))
                 assert text == re.sub(r"\s", "", code[unit.message]), (lab, text)
+    assert setups == 1, f"{lab}: {setups} labkit.setup calls (one, in its first cell)"
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")

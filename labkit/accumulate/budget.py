@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from ..memory.meter import MemoryMeter, MemoryReport, train_step
+from ..messages import say
 from ..validate import check_int
 from .analytic import num_microbatches
 
@@ -49,8 +50,7 @@ def microbatch_for_budget(peak_bytes, global_batch_size: int, budget_bytes: int)
     check_int("budget_bytes", budget_bytes, 1)
     one = peak_bytes(1)
     if one > budget_bytes:
-        raise ValueError(f"budget_bytes={budget_bytes:,} is below the peak of one sample, {one:,} bytes: "
-                         "no micro-batch fits; the model states alone need a larger budget or sharding")
+        raise ValueError(say("raise.budget_below_one", budget_bytes=budget_bytes, one=one))
     lo, hi = 1, global_batch_size  # invariant: peak(lo) fits; the answer is in [lo, hi]
     while lo < hi:
         mid = (lo + hi + 1) // 2

@@ -82,10 +82,11 @@ class ServingEstimate:
         return {**asdict(self), "num_blocks": self.num_blocks, "max_tokens": self.max_tokens}
 
     def __str__(self) -> str:
-        parts = {"weights": self.weights, "forward peak": self.activation_peak,
-                 "non-PyTorch": self.non_torch, "KV cache": self.kv_cache}
-        return breakdown(f"Serving memory per GPU on {self.gpu} (GB = 10^9 bytes)", parts, self.budget,
-                         (f"{self.num_blocks} blocks of {self.block_size} tokens = {self.max_tokens} tokens",))
+        parts = {"weights": self.weights, "activation_peak": self.activation_peak,
+                 "non_pytorch": self.non_torch, "kv_cache": self.kv_cache}
+        return breakdown(("serving", {"gpu": self.gpu}), parts, self.budget,
+                         (("blocks", {"num_blocks": self.num_blocks, "block_size": self.block_size,
+                                      "max_tokens": self.max_tokens}),))
 
 
 class _Window(NamedTuple):

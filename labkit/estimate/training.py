@@ -68,9 +68,9 @@ class MemoryEstimate:
 
     def __str__(self) -> str:
         parts = {k: getattr(self, k) for k in ("params", "grads", "optimizer", "activations", "transient", "non_torch")}
-        notes = (f"(pipeline stage {self.stage}; {self.offloaded / 1e9:.3f} GB offloaded to the CPU)",) \
-            if self.offloaded else (f"(pipeline stage {self.stage})",)
-        return breakdown("Training memory per GPU (GB = 10^9 bytes)", parts, self.total, notes)
+        notes = (("offloaded", {"stage": self.stage, "offloaded": self.offloaded}),) if self.offloaded \
+            else (("stage", {"stage": self.stage}),)
+        return breakdown(("training", {}), parts, self.total, notes)
 
 
 def as_shape(shape) -> ModelShape:

@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..messages import pad, say
 from ..validate import check_bool
 from .collective_copies import collective_on_copies
 
@@ -69,10 +70,12 @@ class MemoryReport:
 
     def table(self) -> str:
         """A small text table: bytes by category at the peak and each category's own maximum."""
-        rows = [f"{'category':<12} {'at peak':>14} {'max':>14}"]
+        rows = [f"{pad(say('meter.category'), 12)} {pad(say('meter.at_peak'), 14, '>')} "
+                f"{pad(say('meter.max'), 14, '>')}"]
         for cat in CATEGORIES:
-            rows.append(f"{cat:<12} {self.at_peak[cat]:>14,} {self.max_by_category[cat]:>14,}")
-        rows.append(f"{'total':<12} {self.peak_bytes:>14,}   (peak in {self.peak_phase}, op {self.peak_op})")
+            rows.append(f"{pad(say('meter.' + cat), 12)} {self.at_peak[cat]:>14,} {self.max_by_category[cat]:>14,}")
+        rows.append(f"{pad(say('meter.total'), 12)} {self.peak_bytes:>14,}   "
+                    + say("meter.peak_in", phase=self.peak_phase, op=self.peak_op))
         return "\n".join(rows)
 
     def peak_of(self, *categories: str) -> int:

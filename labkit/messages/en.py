@@ -171,4 +171,39 @@ CATALOGUE = {
     # what labkit prints (labkit.setup's banner, the meter's table, the planner's tables, the
     # estimates' breakdowns), in the language labkit.messages.use set
     "setup.device": "device: {device} ({name}), seed {seed}",
+    "table.train.summary": "{fit} of {considered} configurations fit in {limit:.1GB} a GPU; the best {shown}:",
+    "table.train.t": "t", "table.train.p": "p", "table.train.v": "v", "table.train.dp": "dp",
+    "table.train.ep": "ep", "table.train.cp": "cp", "table.train.zero": "zero",
+    "table.train.recompute": "recompute", "table.train.sp": "sp", "table.train.b": "b", "table.train.m": "m",
+    "table.train.states": "states", "table.train.activ": "activ", "table.train.other": "other",
+    "table.train.total": "total GB", "table.train.step": "step s", "table.train.mfu": "MFU",
+    "table.yes": "yes", "table.no": "no", "table.on": "on", "table.off": "off",
+    "table.serve.summary": "requests of {context_len} tokens served at once:",
+    "table.serve.t": "t", "table.serve.ep": "ep", "table.serve.replicas": "replicas",
+    "table.serve.weights": "weights GB", "table.serve.blocks": "KV blocks", "table.serve.tokens": "tokens/GPU",
+    "table.serve.per_replica": "per replica", "table.serve.requests": "requests", "table.serve.bound": "bound",
+    "breakdown.title.training": "Training memory per GPU (GB = 10^9 bytes)",
+    "breakdown.title.serving": "Serving memory per GPU on {gpu} (GB = 10^9 bytes)",
+    "breakdown.params": "params", "breakdown.grads": "grads", "breakdown.optimizer": "optimizer",
+    "breakdown.activations": "activations", "breakdown.transient": "transient",
+    "breakdown.non_torch": "non_torch", "breakdown.weights": "weights",
+    "breakdown.activation_peak": "forward peak", "breakdown.non_pytorch": "non-PyTorch", "breakdown.kv_cache": "KV cache", "breakdown.total": "total",
+    "breakdown.note.stage": "(pipeline stage {stage})",
+    "breakdown.note.offloaded": "(pipeline stage {stage}; {offloaded:.3GB} offloaded to the CPU)",
+    "breakdown.note.blocks": "{num_blocks} blocks of {block_size} tokens = {max_tokens} tokens",
+    "meter.category": "category", "meter.at_peak": "at peak", "meter.max": "max", "meter.total": "total",
+    "meter.parameters": "parameters", "meter.buffers": "buffers", "meter.gradients": "gradients",
+    "meter.optimizer": "optimizer", "meter.activations": "activations", "meter.temporaries": "temporaries",
+    "meter.peak_in": "(peak in {phase}, op {op})",
+    # exceptions whose text a lab prints
+    "raise.shard_missing": "shard {name} (rank {rank} of {world_size}) is missing from {path}",
+    "raise.shard_size": ("shard {shard} has {size} bytes, the manifest says {expected}: it is truncated, damaged, "
+                         "or a shard of another checkpoint (another model or run)"),
+    "raise.shard_digest": ("shard {shard} is not the one this checkpoint saved (its SHA-256 differs): it is "
+                           "damaged, or a shard of another checkpoint (another model or run)"),
+    "raise.shard_unreadable": "shard {shard} cannot be read: {error}",
+    "raise.shard_foreign": "shard {shard} belongs to another rank or model",
+    "raise.budget_below_one": ("budget_bytes={budget_bytes:,} is below the peak of one sample, {one:,} bytes: "
+                               "no micro-batch fits; the model states alone need a larger budget or sharding"),
+    "raise.double_free": "double free: block_id={block_id} is already free",
 }

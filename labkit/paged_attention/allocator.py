@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..messages import say
 from ..validate import check_int
 
 __all__ = ["BlockAllocator", "OutOfBlocksError"]
@@ -70,7 +71,7 @@ class BlockAllocator:
         """Drop one holder; at zero the block returns to the free list."""
         self._check(block_id)
         if self._refs[block_id] == 0:
-            raise ValueError(f"double free: block_id={block_id} is already free")
+            raise ValueError(say("raise.double_free", block_id=block_id))
         self._refs[block_id] -= 1
         self.num_shared -= self._refs[block_id] == 1
         if self._refs[block_id] == 0:

@@ -15,7 +15,8 @@ from typing import NamedTuple
 from ..estimate import OPTIMIZERS, PRECISIONS, as_shape, check_trainable
 from ..hardware import get_gpu, peak_flops
 from ..memory.analytic import ATTENTION
-from ..parallel.compose import refusal_key, refusal_text, runnable_reason
+from ..messages import current, say, training_reason
+from ..parallel.compose import refusal_key, runnable_reason
 from ..parallel.config import RunConfig
 from ..validate import ArgumentError, check_bool, check_choice, check_float, check_int, check_positive
 from ..zero.analytic import zero_allowed
@@ -78,7 +79,8 @@ class Overflow(NamedTuple):
 
     @property
     def message(self) -> str:
-        return f"{self.term}: {self.bytes_so_far / 1e9:.1f} GB of {self.limit_bytes / 1e9:.1f} GB"
+        """The term that passed the limit, in the language labkit prints in."""
+        return say("plan.overflow", term=self.term, bytes_so_far=self.bytes_so_far, limit_bytes=self.limit_bytes)
 
     def to_dict(self) -> dict:
         return {"tp_size": self.tp_size, "pp_size": self.pp_size, "dp_size": self.dp_size,
@@ -98,21 +100,16 @@ class TrainingPlans(NamedTuple):
 
     def refused_reasons(self) -> dict:
         """``refused`` with each key's reason in words, most configurations first."""
-        return {refusal_text(k): n for k, n in sorted(self.refused.items(), key=lambda kv: (-kv[1], kv[0]))}
+        return {say(f"refused.{k}"): n for k, n in sorted(self.refused.items(), key=lambda kv: (-kv[1], kv[0]))}
 
     def to_dict(self) -> dict:
         return {"plans": [p.to_dict() for p in self.plans], "overflows": [o.to_dict() for o in self.overflows],
                 "considered": self.considered, "refused": dict(self.refused)}
 
     def reason(self) -> str:
-        """Why nothing fits: each layout's overflow, the closest first."""
-        if not self.overflows:
-            if self.refused:
-                return "labkit does not run " + "; nor ".join(self.refused_reasons()) + " yet"
-            return "no (t, cp, p, N_d, b) splits the GPUs and the global batch"
-        worst = sorted(self.overflows, key=lambda o: o.leanest.memory.total)
-        return "; ".join(f"t={o.tp_size}{f' cp={o.cp_size}' if o.cp_size > 1 else ''} p={o.pp_size} "
-                         f"N_d={o.dp_size}: {o.message}" for o in worst)
+        """Why nothing fits: each layout's overflow, the closest first; or what labkit does not run
+        (``labkit.messages.training_reason``, in the language labkit prints in)."""
+        return training_reason(self.overflows, current(), self.refused)
 
 
 def overflow_term(memory, limit: int) -> tuple[str, int]:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from ..estimate import as_shape, check_context_len, serving_memory
 from ..hardware import get_gpu
-from ..messages import serving_reason
+from ..messages import current, serving_reason
 from ..validate import ArgumentError, check_bool, check_float, check_int
 from .sweep import _divisors
 
@@ -73,8 +73,9 @@ class ServingPlans(NamedTuple):
                 "context_len": self.context_len}
 
     def reason(self) -> str:
-        """Why each refused degree serves nothing (``labkit.messages.serving_reason``, in English)."""
-        return serving_reason(self.refused, "en")
+        """Why each refused degree serves nothing (``labkit.messages.serving_reason``, in the
+        language labkit prints in)."""
+        return serving_reason(self.refused, current())
 
 
 def plan_serving(shape, *, gpu, num_gpus: int = 1, context_len: int, weight_bytes: int | None = None,

@@ -5,16 +5,18 @@ from __future__ import annotations
 import textwrap
 
 from ..hardware import GPUS
+from ..messages import pad, say, width
 from ..shapes import PRESETS
 
 __all__ = ["table", "training_table", "serving_table", "listing", "shape_summary", "shape_lines"]
 
 
 def table(header: list, rows: list, sep: str = "  ") -> str:
-    """Columns right-aligned to their widest cell, ``sep`` between them."""
+    """Columns right-aligned to their widest cell (in display columns: a CJK character takes two),
+    ``sep`` between them."""
     cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join(sep.join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
+    widths = [max(width(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join(sep.join(pad(c, w, ">") for c, w in zip(r, widths)) for r in cells)
 
 
 def _gb(n) -> str:
@@ -26,29 +28,32 @@ def training_table(result, top: int) -> str:
     states = parameters, gradients and optimizer states; other = the transient peaks and the memory
     outside PyTorch; ``--json`` keeps each apart), step time and MFU. ``zero`` reads "2+cpu" for
     ZeRO-Offload; ``ep`` is shown when a plan shards experts."""
-    header = ["t", "p", "v", "dp", "cp", "zero", "recompute", "sp", "b", "m", "states", "activ", "other",
-              "total GB", "step s", "MFU"]
+    header = [say(f"table.train.{c}") for c in ("t", "p", "v", "dp", "cp", "zero", "recompute", "sp", "b", "m",
+                                                  "states", "activ", "other", "total", "step", "mfu")]
+    yes, no = say("table.yes"), say("table.no")
     rows = [[p.tp_size, p.pp_size, p.v, p.dp_size, p.cp_size, f"{p.zero_stage}+cpu" if p.offload else p.zero_stage,
-             p.recompute, "yes" if p.sequence_parallel else "no", p.micro_batch, p.num_microbatches,
+             p.recompute, yes if p.sequence_parallel else no, p.micro_batch, p.num_microbatches,
              _gb(p.memory.params + p.memory.grads + p.memory.optimizer),
              _gb(p.memory.activations), _gb(p.memory.transient + p.memory.non_torch),
              _gb(p.memory.total), f"{p.step_time_s:.2f}", f"{p.mfu:.1%}"] for p in result.plans[:top]]
     if any(p.ep_size > 1 for p in result.plans[:top]):  # a model with experts: ep, inside dp
-        header.insert(4, "ep")
+        header.insert(4, say("table.train.ep"))
         for row, p in zip(rows, result.plans):
             row.insert(4, p.ep_size)
     limit = result.plans[0].limit_bytes
-    return (f"{len(result.plans)} of {result.considered} configurations fit in {_gb(limit)} GB a GPU; "
-            f"the best {len(rows)}:\n" + table(header, rows, sep=" "))
+    return (say("table.train.summary", fit=len(result.plans), considered=result.considered, limit=limit,
+                shown=len(rows)) + "\n" + table(header, rows, sep=" "))
 
 
 def serving_table(result, top: int) -> str:
     """Each tensor-parallel degree (and expert parallelism, "ep": experts whole, E/t a GPU): the
     weights a GPU holds, its KV blocks and tokens, requests a replica and in all."""
-    header = ["t", "ep", "replicas", "weights GB", "KV blocks", "tokens/GPU", "per replica", "requests", "bound"]
-    rows = [[p.tp_size, "on" if p.expert_parallel else "off", p.replicas, _gb(p.estimate.weights), p.num_blocks,
+    header = [say(f"table.serve.{c}") for c in ("t", "ep", "replicas", "weights", "blocks", "tokens", "per_replica",
+                                                  "requests", "bound")]
+    on, off = say("table.on"), say("table.off")
+    rows = [[p.tp_size, on if p.expert_parallel else off, p.replicas, _gb(p.estimate.weights), p.num_blocks,
              p.max_tokens, p.max_concurrency, p.total_concurrency, p.bound] for p in result.plans[:top]]
-    return f"requests of {result.context_len} tokens served at once:\n" + table(header, rows, sep=" ")
+    return say("table.serve.summary", context_len=result.context_len) + "\n" + table(header, rows, sep=" ")
 
 
 def listing(models: bool, gpus: bool) -> str:

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..messages import say
+
 __all__ = ["save_sharded", "load_sharded", "verify_sharded", "CheckpointError", "shard_filename", "MANIFEST"]
 
 FORMAT = "labkit.zero.sharded/1"
@@ -170,20 +172,19 @@ def _read_all(path: Path, fingerprint: list | None = None, n_groups: int | None 
     for r, info in enumerate(manifest["files"]):
         f = path / info["name"]
         if not f.is_file():
-            raise CheckpointError(f"shard {f.name} (rank {r} of {manifest['world_size']}) is missing from {path}")
+            raise CheckpointError(say("raise.shard_missing", name=f.name, rank=r, world_size=manifest["world_size"],
+                                      path=path))
         data = f.read_bytes()
         if len(data) != info["bytes"]:
-            raise CheckpointError(f"shard {f} has {len(data)} bytes, the manifest says {info['bytes']}: it is "
-                                  "truncated, damaged, or a shard of another checkpoint (another model or run)")
+            raise CheckpointError(say("raise.shard_size", shard=f, size=len(data), expected=info["bytes"]))
         if hashlib.sha256(data).hexdigest() != info["sha256"]:
-            raise CheckpointError(f"shard {f} is not the one this checkpoint saved (its SHA-256 differs): it is "
-                                  "damaged, or a shard of another checkpoint (another model or run)")
+            raise CheckpointError(say("raise.shard_digest", shard=f))
         try:
             payload = torch.load(io.BytesIO(data), weights_only=True)
         except Exception as e:
-            raise CheckpointError(f"shard {f} cannot be read: {type(e).__name__}: {e}") from None
+            raise CheckpointError(say("raise.shard_unreadable", shard=f, error=f"{type(e).__name__}: {e}")) from None
         if payload.get("rank") != r or payload.get("fingerprint") != fingerprint:
-            raise CheckpointError(f"shard {f} belongs to another rank or model")
+            raise CheckpointError(say("raise.shard_foreign", shard=f))
         if n_groups is not None and len(payload["param_groups"]) != n_groups:
             raise CheckpointError(f"{path} has {len(payload['param_groups'])} parameter groups, "
                                   f"the optimizer {n_groups}")
