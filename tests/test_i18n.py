@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import json
 import re
+import tokenize
 import shutil
 import sys
 from html.parser import HTMLParser
@@ -895,6 +896,74 @@ def test_chinese_lab_prints_chinese_where_its_code_does(lab):
                 assert words not in chinese and re.search(r"[\u4e00-\u9fff]", chinese), (
                     f"labs/zh/{lab}: {words!r} still printed in English")
     assert checked, f"{lab}: no printed literal found to check"
+
+
+# What a Chinese lab may print in Latin letters besides the glossary's kept English: what its own
+# code names (variables, dict keys, data labels such as "torch DDP", a preset's name), Python's
+# reprs (True, <Figure ...>), and the values labkit returns that the lab prints as data (a phase, an
+# option, a dict's keys, a preset's name); what a tool prints in English is not read: an engine's
+# configuration (code) and the command line's output (a cell tagged "english-tool-output": its
+# lines that the English lab prints the same).
+_REPR = re.compile(r"<Figure size \d+x\d+ with \d+ Axes>|\b(?:True|False|None)\b|\w+Error\b|\d+(?:\.\d+)?\w*/s\b"
+                   r"|\[F+\]|\b[FB]\d+\b")  # a checkpoint plan's segments, a schedule's F0 and B0
+
+
+@functools.lru_cache(maxsize=None)
+def _labkit_values() -> frozenset[str]:
+    """The Latin words of values labkit returns that labs print as data, read from labkit."""
+    from labkit.checkpoint.plan import POLICIES
+    from labkit.memory.analytic import activation_bytes
+    from labkit.memory.meter import CATEGORIES
+    from labkit.model import get_preset
+    from labkit.paged_attention.reservation import Waste
+    from labkit.shapes import PRESETS
+    from labkit.tensor_parallel import analytic as tp
+
+    cfg = get_preset("tiny", dropout=0.1)
+    keys = [*activation_bytes(cfg, 1).terms, *tp.model_activation_bytes(get_preset("tiny"), 1, tp_size=2).terms,
+            *Waste().fractions(), *CATEGORIES, *POLICIES, "forward", "backward", "weights", "kv_cache"]
+    return frozenset([w.lower() for k in keys for w in re.findall(r"[A-Za-z][A-Za-z0-9]*", k)]
+                     + [name.lower() for name in PRESETS])
+
+
+def _code_words(lab: str) -> set[str]:
+    """The Latin words of the English lab's code outside what the Chinese lab translates (names,
+    and the data its literals hold), and the symbols its translations keep from the English
+    (Psi, dL/dX, F0: each in the English message and its reviewed translation)."""
+    words = {w.lower() for english, chinese in zh_labs.code_translations(ROOT / "labs" / lab).items()
+             for w in set(re.findall(r"[A-Za-z][A-Za-z0-9]*", chinese))
+             & set(re.findall(r"[A-Za-z][A-Za-z0-9]*", english))}
+    for cell in json.loads((ROOT / "labs" / lab).read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        tokens = zh_labs._tokens(source)
+        translated = {k for u in zh_labs.code_units(source) for k in u.tokens}
+        for n, t in enumerate(tokens):
+            if t.type == tokenize.NAME:  # a name whole (peak_bytes is not "peak")
+                words.add(t.string.lower())
+            elif n not in translated and t.type == tokenize.STRING:
+                words |= {w.lower() for w in re.findall(r"[A-Za-z][A-Za-z0-9]*", t.string)}
+    return words
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_chinese_lab_prints_no_english_prose(lab):
+    """Every line a Chinese lab prints, labkit's tables, reasons, notes and exceptions included,
+    holds no English word but those its code names, labkit returns as data, or the glossary keeps;
+    an engine's configuration and the command line's output (English by design) aside."""
+    allowed = kept_latin() | _labkit_values() | _code_words(lab)
+    found = []
+    for en, zh in _lab_pair(lab):
+        if zh["cell_type"] != "code":
+            continue
+        code = set(_printed(en).splitlines()) \
+            if "english-tool-output" in en.get("metadata", {}).get("tags", []) else set()
+        for line in _printed(zh).splitlines():
+            words = [] if line in code else english_words(_REPR.sub(" ", line), allowed)
+            if words:
+                found.append(f"{words}: {line[:100]}")
+    assert not found, f"labs/zh/{lab} prints English:\n" + "\n".join(found[:30])
 
 
 def test_chinese_lab_pages_open_the_chinese_labs(built_book):

@@ -150,7 +150,7 @@ CATALOGUE = {
                         "--timeout SECONDS 可以放宽时限）；所有问题都记 0 分。"),
     "grade.note": "说明：{notice}", "grade.total": "总分",
     "setup.device": "设备：{device}（{name}），随机种子 {seed}",
-    "table.train.summary": "{considered} 个配置中有 {fit} 个放得下（每张 GPU {limit:.1GB}）；最佳的 {shown} 个：",
+    "table.train.summary": "{fit} 个配置放得下（共 {considered} 个，每张 GPU {limit:.1GB}）；最佳的 {shown} 个：",
     "table.train.t": "t", "table.train.p": "p", "table.train.v": "v", "table.train.dp": "dp",
     "table.train.ep": "ep", "table.train.cp": "cp", "table.train.zero": "ZeRO",
     "table.train.recompute": "重计算", "table.train.sp": "序列并行", "table.train.b": "b", "table.train.m": "m",
@@ -174,7 +174,7 @@ CATALOGUE = {
     "meter.parameters": "参数", "meter.buffers": "缓冲区", "meter.gradients": "梯度",
     "meter.optimizer": "优化器状态", "meter.activations": "激活值", "meter.temporaries": "临时缓冲区",
     "meter.peak_in": "（峰值出现在 {phase} 阶段，算子 {op}）",
-    "raise.shard_missing": "{path} 中缺少分片 {name}（共 {world_size} 个 rank 中的 rank {rank}）",
+    "raise.shard_missing": "分片 {name}（rank {rank}，共 {world_size} 个 rank）不在 {path} 中",
     "raise.shard_size": ("分片 {shard} 有 {size} 字节，清单记录的是 {expected}：它被截断、已损坏，"
                          "或者是另一个检查点（另一个模型或另一次训练）的分片"),
     "raise.shard_digest": ("分片 {shard} 不是这个检查点保存的那一个（SHA-256 不同）：它已损坏，"
