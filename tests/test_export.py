@@ -15,18 +15,22 @@ by scripts/check_engines.py, not here (its CPU build is 3.5 GB): scripts/results
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
+from labkit.messages import CATALOGUES, render, using
 from labkit.parallel.config import RunConfig
 from labkit.plan import plan_serving, plan_training
-from labkit.plan.export import (ENGINES, MAPPINGS, ExportNote, export, export_best, to_deepspeed, to_fsdp2,
-                                to_megatron, to_torchtitan, to_vllm)
+from labkit.plan.export import (ENGINES, MAPPINGS, ExportNote, export, export_best, to_accelerate, to_deepspeed,
+                                to_fsdp2, to_megatron, to_torchtitan, to_vllm)
 from labkit.estimate import training_memory
 from labkit.shapes import PRESETS, ModelShape
 
@@ -305,6 +309,70 @@ def test_notes_are_warnings_and_export_collects_them():
     x = export(RunConfig(dp_size=2, seq_len=64, attention="eager"), "megatron")
     assert "--attention-backend" in x.config and x.config[x.config.index("--attention-backend") + 1] == "unfused"
     assert set(MAPPINGS) == set(ENGINES)
+
+
+EXPORTERS = {"accelerate": to_accelerate, "deepspeed": to_deepspeed, "fsdp2": to_fsdp2, "megatron": to_megatron,
+             "torchtitan": to_torchtitan, "vllm": to_vllm}
+# Plans that between them make every engine say each of its notes.
+NOTED = [
+    ("accelerate", RunConfig(dp_size=16, seq_len=2048, zero_stage=3), {}),
+    ("accelerate", RunConfig(dp_size=2, seq_len=64, zero_stage=1, micro_batch=2, num_microbatches=3,
+                             optimizer="sgd_momentum"), {"gradient_clipping": 0.5}),
+    ("deepspeed", RunConfig(dp_size=2, pp_size=2, num_microbatches=2, seq_len=64, zero_stage=1, recompute="full",
+                            attention="eager"), {}),
+    ("deepspeed", RunConfig(dp_size=2, seq_len=64, zero_stage=1, precision="bf16-mixed-fp32-grads",
+                            recompute="selective", ep_size=2), {}),
+    ("fsdp2", RunConfig(tp_size=2, pp_size=2, num_microbatches=2, seq_len=64, zero_stage=3), {}),
+    ("fsdp2", RunConfig(dp_size=2, seq_len=64, zero_stage=3, attention="eager", precision="fp32"), {}),
+    ("megatron", RunConfig(dp_size=2, seq_len=64, zero_stage=2, offload=True), {"shape": PRESETS["deepseek-v3"]}),
+    ("torchtitan", RunConfig(dp_size=2, pp_size=2, num_microbatches=2, seq_len=64, zero_stage=3,
+                             recompute="selective", optimizer="adam", overlap_grad_reduce=False), {}),
+    ("vllm", plan_serving("gpt-oss-20b", gpu="l4", context_len=4096).plans[0], {}),
+    ("vllm", plan_serving("mixtral-8x7b", gpu="a100-80gb", num_gpus=2, context_len=4096, weight_format="fp8",
+                          expert_parallel=(False,)).plans[0], {}),
+    ("vllm", plan_serving("llama-3-8b", gpu="a100-80gb", context_len=4096, weight_format="int4-awq").plans[0], {})]
+EXPORT_KINDS = {kind for kind in CATALOGUES["en"] if kind.startswith("export.") and kind != "export.note"}
+FIELD = re.compile(r"\{(\w*)(?:![rs])?(?::[^{}]*)?\}")  # a template's field names (labkit.messages)
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _notes(engine: str, plan, options: dict, lang: str) -> list:
+    """The ExportNote warnings exporting ``plan`` to ``engine`` raises in ``lang``."""
+    with using(lang), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ExportNote)
+        EXPORTERS[engine](plan, **options)
+    return [w.message for w in caught if issubclass(w.category, ExportNote)]
+
+
+def test_every_note_is_said_in_the_language_labkit_prints_in():
+    """Exported under ``using("zh_CN")``, each note is the English one's kind and fields said in
+    Chinese, after the engine's name; export() collects them as said; the plans say every kind."""
+    said = set()
+    for engine, plan, options in NOTED:
+        en, zh = (_notes(engine, plan, options, lang) for lang in ("en", "zh_CN"))
+        assert [(n.engine, n.kind, n.fields) for n in zh] == [(n.engine, n.kind, n.fields) for n in en], engine
+        for e, z in zip(en, zh):
+            assert str(e) == f"{e.engine}: {render(e.kind, 'en', **e.fields)}"
+            assert str(z) == f"{z.engine}：{render(z.kind, 'zh_CN', **z.fields)}" and CJK.search(str(z)), z
+        with using("zh_CN"):
+            assert export(plan, engine, **options).notes == [str(n) for n in zh]
+        said |= {n.kind for n in en}
+    assert said == EXPORT_KINDS, sorted(EXPORT_KINDS - said)
+
+
+def test_every_note_call_names_a_kind_of_the_catalogue_with_its_fields():
+    """Each ``note(engine, kind, **fields)`` of the exporters, read from their source: ``kind`` is a
+    catalogue kind given as written, ``fields`` its template's; and no export kind goes unsaid."""
+    called = set()
+    for path in (ROOT / "labkit" / "plan" / "export").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "note":
+                kind = node.args[1]
+                assert isinstance(kind, ast.Constant) and kind.value in EXPORT_KINDS, (path.name, ast.unparse(node))
+                assert {k.arg for k in node.keywords} == set(FIELD.findall(CATALOGUES["en"][kind.value])), \
+                    (path.name, ast.unparse(node))
+                called.add(kind.value)
+    assert called == EXPORT_KINDS, sorted(EXPORT_KINDS ^ called)
 
 
 def test_vllm_arguments_follow_the_serving_plan():

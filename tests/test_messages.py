@@ -216,3 +216,26 @@ def test_every_refusal_of_the_composition_table_is_worded_in_both_languages():
         assert render(f"refused.{key}", "en") == text
         zh = render(f"refused.{key}", "zh_CN")
         assert zh != text and not english_words(zh, kept_latin()), (key, zh)
+
+
+def test_published_runs_notes_are_english_and_said_in_chinese():
+    """A published run's ``notes`` are the English text they always were; ``note_texts`` says each
+    in a language (None: the one labkit prints in), from its kind, also after pickling; plain text
+    stays as given; the runs say every published kind."""
+    from dataclasses import replace
+
+    from labkit.messages import using
+    from labkit.plan.published import NARAYANAN_TABLE1, PUBLISHED, narayanan_run
+
+    cases = [*PUBLISHED.values(), narayanan_run(NARAYANAN_TABLE1[0])]
+    assert cases[-1].notes == ("the micro-batch size of each row is not published: b = 1 assumed",)
+    for case in cases:
+        assert case.note_texts("en") == case.notes and all(type(t) is str for t in case.note_texts("en"))
+        zh = case.note_texts("zh_CN")
+        assert len(zh) == len(case.notes) and all(CJK.search(t) for t in zh), zh
+        assert not [english_words(t, kept_latin()) for t in zh if english_words(t, kept_latin())], zh
+        with using("zh_CN"):
+            assert case.note_texts() == zh
+        assert pickle.loads(pickle.dumps(case)).note_texts("zh_CN") == zh
+    assert replace(cases[0], notes=("as given",)).note_texts("zh_CN") == ("as given",)
+    assert {n.kind for case in cases for n in case.notes} == {k for k in EN if k.startswith("published.")}

@@ -146,6 +146,81 @@ CATALOGUE = {
     "feature.tensor-parallel experts": "tensor-parallel experts", "feature.fused MoE kernels": "fused MoE kernels",
     "feature.gelu experts": "gelu experts", "feature.geglu experts": "geglu experts",
     "list.separator": ", ", "quote": "'{}'",
+    # the engines' notes (labkit.plan.export: an ExportNote, "{engine}: " before it) and the
+    # published runs' notes (labkit.plan.published: PublishedRun.note_texts)
+    "export.note": "{engine}: {text}",
+    "option.attention.flash": "fused (SDPA)", "option.attention.eager": "eager",
+    "export.accelerate.machines": ("{machines} machines of {gpus_per_node}: each sets its machine_rank, and "
+                                   "main_process_ip and main_process_port name the first"),
+    "export.accelerate.loop": ("micro-batch {micro_batch} of {seq_len} tokens is the DataLoader's batch_size and "
+                               "Accelerator(gradient_accumulation_steps={num_microbatches}); clip with "
+                               "accelerator.clip_grad_norm_(params, {max_norm}); the optimizer ({optimizer}) is "
+                               "yours, through accelerator.prepare, and DDP and FSDP overlap the gradient "
+                               "reduction with the backward"),
+    "export.deepspeed.bf16_optimizer": ("bf16 with fp32 gradient accumulation at ZeRO stage 1 is its BF16 "
+                                        "optimizer, which also holds the bf16 gradients: 2 bytes a parameter more "
+                                        "than the plan counts (precision={precision!r} counts them)"),
+    "export.deepspeed.fp32_partition": ("ZeRO-1/2 under bf16 keeps its gradient partition and master copy in fp32 "
+                                        "(4 + 4 bytes a parameter where the plan counts 2 + 4)"),
+    "export.deepspeed.pipeline": ("build the model as {module}: the stages are the module's arguments (the "
+                                  "config's pipeline block sets its recomputation only)"),
+    "export.deepspeed.experts": "ep_size={ep_size} is deepspeed.moe.layer.MoE(..., ep_size={ep_size}) in the model",
+    "export.deepspeed.full": ("recompute='full': wrap each block in deepspeed.checkpointing.checkpoint "
+                              "(activation_checkpointing configures that call)"),
+    "export.deepspeed.selective": ("recompute='selective' (attention's core recomputed) is the model's code: "
+                                   "DeepSpeed's config has no switch for it"),
+    "export.deepspeed.eager": "attention='eager' is the model's code: DeepSpeed has no attention setting",
+    "export.deepspeed.yours": ("the learning rate and its schedule are yours (optimizer.params, scheduler), and "
+                               "the {seq_len}-token sequences your data loader's"),
+    "export.fsdp2.stages": ("each stage's module (its share of model.layers) is yours to cut; fully_shard under a "
+                            "pipeline keeps reshard_after_forward as given"),
+    "export.fsdp2.loop": ("the optimizer ({optimizer}) over model.parameters(), the micro-batches and the model's "
+                          "{attention:opt.attention} attention are the training loop's; fully_shard overlaps the "
+                          "gradient reduction with the backward"),
+    "export.fsdp2.fp32_states": ("fully_shard keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes "
+                                 "a parameter, the plan's 2 + 2 + 4 + 8 arranged differently)"),
+    "export.fsdp2.embedding": ("without fully_shard, torch's vocabulary-split embedding (RowwiseParallel) leaves "
+                               "each rank its whole gradient: (t - 1)/t of V h gradient elements above the plan "
+                               "(t = {tp_size}; measured with torch 2.13, tests/test_export.py)"),
+    "export.megatron.offload": ("--optimizer-cpu-offload moves the optimizer states and fp32 master weights to "
+                                "the CPU, over the distributed optimizer, and keeps the gradients on the GPU (the "
+                                "plan, ZeRO-Offload, moves its gradients too)"),
+    "export.megatron.model_flags": "the model's own flags are not written for this shape ({beyond:list}): add them",
+    "export.torchtitan.reshard": ("its default under a pipeline keeps FSDP's parameters from forward to "
+                                  "backward; {setting} frees them as the plan does"),
+    "export.torchtitan.stages": ("it splits the layers counting the embedding and the output as a layer each "
+                                 "(first/last stage less layers 1) unless told 0, as here: the plan's stages"),
+    "export.torchtitan.fp32_states": ("FSDP keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes "
+                                      "a parameter, the plan's 2 + 2 + 4 + 8 = 16 arranged differently) and "
+                                      "gathers bf16 copies"),
+    "export.torchtitan.selective": ("its selective mode is per-op (it saves every other matmul's output), not "
+                                    "the plan's attention-only recomputation: its activations differ"),
+    "export.torchtitan.optimizer": ("optimizer={optimizer!r} is the --config function's param_groups "
+                                    "(torchtitan's own configs take AdamW)"),
+    "export.torchtitan.overlap": "FSDP and DDP always overlap the gradient reduction with the backward",
+    "export.vllm.stored": ("the checkpoint is stored in {fmt} (its config.json's quantization_config), which "
+                           "vLLM reads by itself: no --quantization"),
+    "export.vllm.fp8": ("--quantization fp8 of a 16-bit checkpoint keeps one scale a matrix; the plan counted "
+                        "one a 128 x 128 block (DeepSeek-V3's), a few MB more"),
+    "export.vllm.int4": "--quantization {method} reads a checkpoint already stored so: give its name",
+    "export.vllm.memory": ("bfloat16 stands for any 2-byte dtype (float16 too); vLLM profiles a forward at "
+                           "start-up and gives the KV cache what remains of --gpu-memory-utilization, as the "
+                           "plan's estimate does"),
+    "export.vllm.windows": ("the plan sizes each layer's cache by its window, as vLLM's hybrid KV cache manager "
+                            "does; without it every layer holds the whole context and fewer requests fit"),
+    "published.bloom.network": "Jean Zay's 4 Omni-Path 100 Gb/s links per 8-GPU node, taken as 6.25 GB/s a GPU",
+    "published.bloom.attention": ("Megatron's fused softmax keeps the scores (attention='eager'); no sequence "
+                                  "parallelism"),
+    "published.llama3.interleave": "the interleaving degree v is not published: 2 assumed, the least interleaving",
+    "published.llama3.fused": "fused kernels (kernels='fused', labkit.memory.fused), not labkit's own count",
+    "published.llama3.stages": ("one layer fewer on the first and last stage: the model's split puts the short "
+                                "stages last"),
+    "published.llama3.network": "NCCLX and its tuning; the 400 Gb/s network taken as 50 GB/s a GPU",
+    "published.llama3.all_gather": ("context parallelism by an all-gather of K and V (the model's is the "
+                                    "overlapped ring)"),
+    "published.llama3.assumed_128k": ("recomputation at 128K is not stated: none assumed; v not published: 2 "
+                                      "assumed, as at 8K"),
+    "published.narayanan.micro_batch": "the micro-batch size of each row is not published: b = {micro_batch} assumed",
     # the exercise grader (scripts/exercises.py grade)
     "grade.case.public": "public test {n}{rule}: {shown}{why}",
     "grade.case.hidden": "hidden test {n}{rule}: {why}",

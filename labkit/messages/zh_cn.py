@@ -132,6 +132,76 @@ CATALOGUE = {
     "feature.tensor-parallel experts": "张量并行切分的专家", "feature.fused MoE kernels": "融合的混合专家内核",
     "feature.gelu experts": "GELU 专家", "feature.geglu experts": "GeGLU 专家",
     "list.separator": "、", "quote": "“{}”",
+    # the engines' notes (labkit.plan.export: an ExportNote, "{engine}：" before it) and the
+    # published runs' notes (labkit.plan.published: PublishedRun.note_texts)
+    "export.note": "{engine}：{text}",
+    "option.attention.flash": "融合（SDPA）", "option.attention.eager": "非融合（eager）",
+    "export.accelerate.machines": ("共 {machines} 台机器，每台 {gpus_per_node} 张 GPU：每台机器各自设置 machine_rank，"
+                                   "main_process_ip 和 main_process_port 填第一台机器的地址和端口"),
+    "export.accelerate.loop": ("微批次大小 {micro_batch}（每个序列 {seq_len} 个 token）即数据加载器（DataLoader）的 "
+                               "batch_size，梯度累积步数由 Accelerator(gradient_accumulation_steps={num_microbatches}) "
+                               "给出；用 accelerator.clip_grad_norm_(params, {max_norm}) 裁剪梯度；优化器"
+                               "（{optimizer:opt.optimizer}）由你自己创建，经 accelerator.prepare 包装；DDP 和 FSDP "
+                               "会让梯度归约与反向传播重叠进行"),
+    "export.deepspeed.bf16_optimizer": ("ZeRO 阶段 1 下以 fp32 做梯度累积的 bf16 训练，就是它的 BF16 优化器，"
+                                        "这个优化器还要保存一份 bf16 梯度：每个参数比方案计入的多 2 字节"
+                                        "（精度选“{precision:opt.precision}”时会计入这部分）"),
+    "export.deepspeed.fp32_partition": ("bf16 下的 ZeRO-1/2 以 fp32 保存划分到本 rank 的梯度和主权重"
+                                        "（每个参数 4 + 4 字节，方案按 2 + 4 字节计）"),
+    "export.deepspeed.pipeline": ("请把模型构建为 {module}：流水线阶段由这个模块的参数决定（配置中的“pipeline”"
+                                  "块只设置它的重计算）"),
+    "export.deepspeed.experts": "ep_size={ep_size} 需要在模型中写成 deepspeed.moe.layer.MoE(..., ep_size={ep_size})",
+    "export.deepspeed.full": ("完全重计算（recompute='full'）：用 deepspeed.checkpointing.checkpoint 包装每个块"
+                              "（activation_checkpointing 配置的正是这个调用）"),
+    "export.deepspeed.selective": ("选择性重计算（recompute='selective'）只重计算注意力的核心部分，要在模型代码中实现："
+                                   "DeepSpeed 的配置没有对应的开关"),
+    "export.deepspeed.eager": "非融合注意力（attention='eager'）要在模型代码中实现：DeepSpeed 没有注意力相关的设置",
+    "export.deepspeed.yours": ("学习率及其调度由你自己设置（optimizer.params、scheduler），{seq_len} 个 token 的"
+                               "序列由你的数据加载器提供"),
+    "export.fsdp2.stages": ("每个阶段的模块（它分到的 model.layers）需要你自己切分；流水线并行下，fully_shard 的 "
+                            "reshard_after_forward 保持给定的值"),
+    "export.fsdp2.loop": ("作用于 model.parameters() 的优化器（{optimizer:opt.optimizer}）、微批次，以及模型的"
+                          "{attention:opt.attention}注意力，都由训练循环负责；fully_shard 会让梯度归约与反向传播"
+                          "重叠进行"),
+    "export.fsdp2.fp32_states": ("fully_shard 以 fp32 保存分片后的参数和梯度（每个参数 4 + 4 + 8 字节，"
+                                 "即方案中的 2 + 2 + 4 + 8 字节换了一种分配）"),
+    "export.fsdp2.embedding": ("不用 fully_shard 时，torch 按词表切分的嵌入层（RowwiseParallel）会让每个 rank "
+                               "保留完整的梯度：比方案多出 V h 个梯度元素的 (t - 1)/t（t = {tp_size}；"
+                               "用 torch 2.13 测得，见 tests/test_export.py）"),
+    "export.megatron.offload": ("--optimizer-cpu-offload 在分布式优化器的基础上把优化器状态和 fp32 主权重卸载到 "
+                                "CPU，梯度仍留在 GPU 上（方案按 ZeRO-Offload 计，梯度也一并卸载）"),
+    "export.megatron.model_flags": "这个模型结构含有{beyond:list}，描述模型本身的命令行参数没有写出：请自行补上",
+    "export.torchtitan.reshard": ("流水线并行下，它默认让 FSDP 的参数从前向一直保留到反向；{setting} "
+                                  "会像方案那样在前向之后释放它们"),
+    "export.torchtitan.stages": ("它切分层时把嵌入层和输出层各算作一层（首、末阶段默认各少放 1 层），除非像这里"
+                                 "一样设为 0：这样切出的才是方案的流水线阶段"),
+    "export.torchtitan.fp32_states": ("FSDP 以 fp32 保存分片后的参数和梯度（每个参数 4 + 4 + 8 字节，即方案中的 "
+                                      "2 + 2 + 4 + 8 = 16 字节换了一种分配），计算时再收集 bf16 副本"),
+    "export.torchtitan.selective": ("它的选择性模式按算子进行（每隔一个矩阵乘法保存一次输出），而不是方案中只重"
+                                    "计算注意力的做法：两者保存的激活值不同"),
+    "export.torchtitan.optimizer": ("优化器（optimizer={optimizer!r}）要在 --config 所指函数的 param_groups 中给出"
+                                    "（torchtitan 自带的配置使用 AdamW）"),
+    "export.torchtitan.overlap": "FSDP 和 DDP 总是让梯度归约与反向传播重叠进行",
+    "export.vllm.stored": ("检查点以 {fmt} 格式存储（见其 config.json 的 quantization_config），vLLM 会自行读取："
+                           "无需 --quantization"),
+    "export.vllm.fp8": ("对 16 位检查点使用 --quantization fp8 时，每个矩阵只有一个缩放因子；方案按每个 "
+                        "128 x 128 块一个缩放因子计（DeepSeek-V3 的做法），多算了几 MB"),
+    "export.vllm.int4": "--quantization {method} 读取的是已经以该格式存储的检查点：请给出这个检查点的名称",
+    "export.vllm.memory": ("bfloat16 代表任意 2 字节的数据类型（float16 也一样）；vLLM 启动时先试跑一次前向以测量显存占用，"
+                           "再把 --gpu-memory-utilization 余下的显存分给 KV 缓存，与方案的估算方式相同"),
+    "export.vllm.windows": ("方案按每层的窗口大小确定该层的缓存，与 vLLM 的混合 KV 缓存管理器"
+                            "（hybrid KV cache manager）一致；没有它，每层都要缓存完整的上下文，"
+                            "能同时容纳的请求更少"),
+    "published.bloom.network": ("训练所用的超级计算机（Jean Zay）每个节点有 8 张 GPU 和 4 条 100 Gb/s 链路"
+                                "（Omni-Path），按每张 GPU 6.25 GB/s 计"),
+    "published.bloom.attention": "Megatron 的融合 softmax 会保存注意力分数（attention='eager'）；未使用序列并行",
+    "published.llama3.interleave": "交错度 v 未公开：假设为 2，即最小的交错度",
+    "published.llama3.fused": "按融合内核计（kernels='fused'，labkit.memory.fused），而不是 labkit 自己的计数",
+    "published.llama3.stages": "首、末阶段各少一层：规划器的模型则把层数较少的阶段放在最后",
+    "published.llama3.network": "未建模定制通信库（NCCLX）及其调优；400 Gb/s 的网络按每张 GPU 50 GB/s 计",
+    "published.llama3.all_gather": "上下文并行通过对 K 和 V 做 all-gather 实现（规划器的模型按可重叠的 ring 计）",
+    "published.llama3.assumed_128k": "128K 时是否重计算未说明：假设不重计算；v 未公开：与 8K 相同，假设为 2",
+    "published.narayanan.micro_batch": "每一行的微批次大小均未公开：假设 b = {micro_batch}",
     "grade.case.public": "公开测试 {n}{rule}：{shown}{why}",
     "grade.case.hidden": "隐藏测试 {n}{rule}：{why}",
     "grade.rule": " [{rule}]",

@@ -4,7 +4,8 @@ Torch-free. A :class:`PublishedRun` is a model shape, a cluster and a ``RunConfi
 settings the run reported (its sources are named), with the published throughput (TFLOP/s a GPU,
 counted as the source counts it: ``hfu`` with the recomputed forward, or ``mfu`` without) and, where
 reported, memory a GPU. :func:`model_run` puts the estimator and the step-time model beside them,
-with the model's error. What the model assumed of a run and what it cannot express are said in its ``notes``.
+with the model's error. What the model assumed of a run and what it cannot express are said in its ``notes``:
+English text, each a :class:`Note` that :meth:`PublishedRun.note_texts` says in another language.
 """
 
 from __future__ import annotations
@@ -13,11 +14,29 @@ from dataclasses import dataclass
 
 from ..estimate import training_memory
 from ..hardware import get_gpu, peak_flops
+from ..messages import current, render
 from ..parallel.config import RunConfig
 from ..shapes import PRESETS, ModelShape
 from .steptime import step_time
 
-__all__ = ["PublishedRun", "PUBLISHED", "NARAYANAN_TABLE1", "narayanan_run", "model_run"]
+__all__ = ["PublishedRun", "Note", "PUBLISHED", "NARAYANAN_TABLE1", "narayanan_run", "model_run"]
+
+
+class Note(str):
+    """A note on a published run: its English text (``labkit.messages``' ``kind`` with ``fields``),
+    a str as any note, that :meth:`text` renders in another language."""
+
+    def __new__(cls, kind: str, **fields):
+        note = super().__new__(cls, render(kind, "en", **fields))
+        note.kind, note.fields = kind, fields
+        return note
+
+    def __getnewargs_ex__(self):  # copy and pickle make it again from its kind and fields
+        return (self.kind,), self.fields
+
+    def text(self, lang=None) -> str:
+        """The note in ``lang`` (None: the language labkit prints in now, ``labkit.messages.current``)."""
+        return render(self.kind, current() if lang is None else lang, **self.fields)
 
 
 @dataclass(frozen=True)
@@ -25,7 +44,7 @@ class PublishedRun:
     """A run as published: what ran (``shape``, ``gpu``, ``num_gpus``, ``run``), on what network
     (GB/s a GPU, one direction), and what was reported (``tflops`` a GPU counted as ``counts``,
     ``memory_gb`` a GPU or None), with ``source`` and ``notes``: what the model assumed of it and
-    what it leaves out."""
+    what it leaves out, in English (:meth:`note_texts` in any language)."""
 
     name: str
     shape: ModelShape
@@ -38,6 +57,11 @@ class PublishedRun:
     source: str
     memory_gb: float | None = None
     notes: tuple = ()
+
+    def note_texts(self, lang=None) -> tuple:
+        """The notes in ``lang`` (None: the language labkit prints in now); a note given as plain
+        text is said as given."""
+        return tuple(n.text(lang) if isinstance(n, Note) else n for n in self.notes)
 
 
 BLOOM = ModelShape(n_layer=70, d_model=14336, n_head=112, vocab_size=250880, seq_len=2048, pos="rope")  # ALiBi: no parameters
@@ -52,8 +76,7 @@ PUBLISHED = {
         "bigscience-workshop/bigscience train/tr11-176B-ml (slurm script: TP 4, PP 12, MBS 2, GBS 2048, "
         "--checkpoint-activations, BF16 optimizer with its unsharded fp32 gradient buffer; logs: 149-150 "
         "TFLOP/s); 'one copy of the model takes 48 GPUs (using 60 GB of memory on each GPU)'",
-        60.0, ("Jean Zay's 4 Omni-Path 100 Gb/s links per 8-GPU node, taken as 6.25 GB/s a GPU",
-               "Megatron's fused softmax keeps the scores (attention='eager'); no sequence parallelism")),
+        60.0, (Note("published.bloom.network"), Note("published.bloom.attention"))),
     "llama3-405b-8k": PublishedRun(
         "Llama 3 405B, 8K", L405.replace(seq_len=8192), "h100-sxm", 8192,
         RunConfig(dp_size=64, tp_size=8, pp_size=16, micro_batch=1, num_microbatches=32, seq_len=8192, v=2,
@@ -63,10 +86,8 @@ PUBLISHED = {
         "Grattafiori et al. 2024 (arXiv 2407.21783v3), Table 4 and Section 3.3.2: 8,192 GPUs, TP 8, PP 16, "
         "DP 64, 32 sequences a DP rank, no activation checkpointing, interleaved schedule, FSDP without "
         "resharding after forward, fp32 gradients; 430 TFLOP/s a GPU, 43% BF16 MFU",
-        None, ("the interleaving degree v is not published: 2 assumed, the least interleaving",
-               "fused kernels (kernels='fused', labkit.memory.fused), not labkit's own count",
-               "one layer fewer on the first and last stage: the model's split puts the short stages last",
-               "NCCLX and its tuning; the 400 Gb/s network taken as 50 GB/s a GPU")),
+        None, (Note("published.llama3.interleave"), Note("published.llama3.fused"), Note("published.llama3.stages"),
+               Note("published.llama3.network"))),
     "llama3-405b-128k": PublishedRun(
         "Llama 3 405B, 128K", L405, "h100-sxm", 16384,
         RunConfig(dp_size=8, tp_size=8, pp_size=16, cp_size=16, micro_batch=1, num_microbatches=16, v=2,
@@ -75,8 +96,7 @@ PUBLISHED = {
         50.0, 380.0, "mfu",
         "Grattafiori et al. 2024 (arXiv 2407.21783v3), Table 4: 16,384 GPUs, TP 8, CP 16, PP 16, DP 8, "
         "16 sequences of 131,072 tokens a DP rank; 380 TFLOP/s a GPU, 38% BF16 MFU",
-        None, ("context parallelism by an all-gather of K and V (the model's is the overlapped ring)",
-               "recomputation at 128K is not stated: none assumed; v not published: 2 assumed, as at 8K")),
+        None, (Note("published.llama3.all_gather"), Note("published.llama3.assumed_128k"))),
 }
 
 # Narayanan et al. (2021b), Table 1: (parameters in B, heads, hidden, layers, t, p, GPUs, batch,
@@ -102,7 +122,7 @@ def narayanan_run(row, v: int = 1) -> PublishedRun:
                     v=v, recompute="full", attention="eager", precision="fp16-mixed")
     return PublishedRun(f"GPT {size}B", shape, "a100-80gb", n, run, 25.0, float(tflops), "hfu",
                         "Narayanan et al. 2021b, Table 1 and Section 5.1", None,
-                        ("the micro-batch size of each row is not published: b = 1 assumed",))
+                        (Note("published.narayanan.micro_batch", micro_batch=run.micro_batch),))
 
 
 def model_run(case: PublishedRun, efficiency: float = 0.5, gpus_per_node: int = 8) -> dict:

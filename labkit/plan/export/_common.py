@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+from ...messages import say
 from ...parallel.config import RunConfig
 from ...validate import check_float
 
@@ -11,11 +12,17 @@ __all__ = ["ExportNote", "note", "refuse", "run_of", "clip"]
 
 
 class ExportNote(UserWarning):
-    """A setting the engine expresses differently from the plan (said, never dropped)."""
+    """A setting the engine expresses differently from the plan (said, never dropped), in the
+    language labkit prints in; ``engine``, ``kind`` and ``fields`` are what it was rendered from
+    (labkit.messages), to say it in another."""
 
 
-def note(engine: str, message: str) -> None:
-    warnings.warn(f"{engine}: {message}", ExportNote, stacklevel=3)
+def note(engine: str, kind: str, **fields) -> None:
+    """Warn an :class:`ExportNote` of ``engine``: the catalogue's ``kind`` with ``fields``, rendered
+    now (``labkit.messages.current``), the engine's name before it."""
+    warning = ExportNote(say("export.note", engine=engine, text=say(kind, **fields)))
+    warning.engine, warning.kind, warning.fields = engine, kind, fields
+    warnings.warn(warning, stacklevel=3)
 
 
 def refuse(engine: str, message: str):

@@ -71,10 +71,7 @@ def to_accelerate(plan, *, gpus_per_node: int = 8, gradient_clipping: float = 1.
                                      "parallelism_config_tp_size": run.tp_size,
                                      "parallelism_config_cp_size": run.cp_size}
     if machines > 1:
-        note("accelerate", f"{machines} machines of {gpus_per_node}: each sets its machine_rank, and "
-             "main_process_ip and main_process_port name the first")
-    note("accelerate", f"micro-batch {run.micro_batch} of {run.seq_len} tokens is the DataLoader's batch_size and "
-         f"Accelerator(gradient_accumulation_steps={run.num_microbatches}); clip with "
-         f"accelerator.clip_grad_norm_(params, {max_norm}); the optimizer ({run.optimizer}) is yours, through "
-         "accelerator.prepare, and DDP and FSDP overlap the gradient reduction with the backward")
+        note("accelerate", "export.accelerate.machines", machines=machines, gpus_per_node=gpus_per_node)
+    note("accelerate", "export.accelerate.loop", micro_batch=run.micro_batch, seq_len=run.seq_len,
+         num_microbatches=run.num_microbatches, max_norm=max_norm, optimizer=run.optimizer)
     return cfg

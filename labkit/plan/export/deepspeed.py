@@ -32,12 +32,9 @@ def _ds_precision(run: RunConfig) -> dict:
                    "under ZeRO (at stage 1 as its BF16 optimizer)")
         out["data_types"] = {"grad_accum_dtype": "fp32"}
         if p == "bf16-mixed-fp32-grads" and run.zero_stage == 1 and not run.offload:
-            note("DeepSpeed", "bf16 with fp32 gradient accumulation at ZeRO stage 1 is its BF16 optimizer, which "
-                 "also holds the bf16 gradients: 2 bytes a parameter more than the plan counts "
-                 "(precision='bf16-mixed-fp32-buffer' counts them)")
+            note("DeepSpeed", "export.deepspeed.bf16_optimizer", precision="bf16-mixed-fp32-buffer")
     elif p == "bf16-mixed" and run.zero_stage in (1, 2):
-        note("DeepSpeed", "ZeRO-1/2 under bf16 keeps its gradient partition and master copy in fp32 "
-              "(4 + 4 bytes a parameter where the plan counts 2 + 4)")
+        note("DeepSpeed", "export.deepspeed.fp32_partition")
     return out
 
 
@@ -70,11 +67,10 @@ def _ds_layout(run: RunConfig) -> dict:
         if run.v > 1 or (run.schedule == "gpipe" and run.num_microbatches >= run.pp_size):
             refuse("DeepSpeed", f"schedule={run.schedule!r} (v={run.v}): its PipelineEngine runs 1F1B only")
         out["pipeline"] = {"activation_checkpoint_interval": int(run.recompute == "full")}
-        note("DeepSpeed", f"build the model as deepspeed.pipe.PipelineModule(layers, num_stages={run.pp_size}, "
-              "partition_method='uniform'): the stages are the module's arguments (the config's pipeline "
-              "block sets its recomputation only)")
+        note("DeepSpeed", "export.deepspeed.pipeline",
+             module=f"deepspeed.pipe.PipelineModule(layers, num_stages={run.pp_size}, partition_method='uniform')")
     if run.ep_size > 1:
-        note("DeepSpeed", f"ep_size={run.ep_size} is deepspeed.moe.layer.MoE(..., ep_size={run.ep_size}) in the model")
+        note("DeepSpeed", "export.deepspeed.experts", ep_size=run.ep_size)
     return out
 
 
@@ -91,13 +87,10 @@ def to_deepspeed(plan, *, gradient_clipping: float = 1.0) -> dict:
     if run.recompute == "full":
         cfg["activation_checkpointing"] = {"partition_activations": run.tp_size > 1, "cpu_checkpointing": False,
                                            "contiguous_memory_optimization": False}
-        note("DeepSpeed", "recompute='full': wrap each block in deepspeed.checkpointing.checkpoint "
-              "(activation_checkpointing configures that call)")
+        note("DeepSpeed", "export.deepspeed.full")
     elif run.recompute == "selective":
-        note("DeepSpeed", "recompute='selective' (attention's core recomputed) is the model's code: "
-              "DeepSpeed's config has no switch for it")
+        note("DeepSpeed", "export.deepspeed.selective")
     if run.attention == "eager":
-        note("DeepSpeed", "attention='eager' is the model's code: DeepSpeed has no attention setting")
-    note("DeepSpeed", f"the learning rate and its schedule are yours (optimizer.params, scheduler), and the "
-         f"{run.seq_len}-token sequences your data loader's")
+        note("DeepSpeed", "export.deepspeed.eager")
+    note("DeepSpeed", "export.deepspeed.yours", seq_len=run.seq_len)
     return cfg

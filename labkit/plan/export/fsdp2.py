@@ -148,16 +148,10 @@ def to_fsdp2(plan) -> str:
     if run.pp_size > 1:
         cls = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}[run.schedule]
         text += _FSDP2_PIPE.format(v=run.v, cls=cls, m=run.num_microbatches, stages=run.pp_size * run.v)
-        note("FSDP2", "each stage's module (its share of model.layers) is yours to cut; fully_shard under a "
-             "pipeline keeps reshard_after_forward as given")
-    note("FSDP2", f"the optimizer ({run.optimizer}) over model.parameters(), the micro-batches and the model's "
-         f"{'eager' if run.attention == 'eager' else 'fused (SDPA)'} attention are the training loop's; "
-         "fully_shard overlaps the gradient reduction with the backward")
+        note("FSDP2", "export.fsdp2.stages")
+    note("FSDP2", "export.fsdp2.loop", optimizer=run.optimizer, attention=run.attention)
     if run.precision == "bf16-mixed" and run.zero_stage == 3:
-        note("FSDP2", "fully_shard keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes a "
-              "parameter, the plan's 2 + 2 + 4 + 8 arranged differently)")
+        note("FSDP2", "export.fsdp2.fp32_states")
     if run.tp_size > 1 and run.dp_size == 1:
-        note("FSDP2", "without fully_shard, torch's vocabulary-split embedding (RowwiseParallel) leaves each rank "
-             f"its whole gradient: (t - 1)/t of V h gradient elements above the plan (t = {run.tp_size}; "
-             "measured with torch 2.13, tests/test_export.py)")
+        note("FSDP2", "export.fsdp2.embedding", tp_size=run.tp_size)
     return text

@@ -53,9 +53,7 @@ def _megatron_memory(run: RunConfig) -> list:
         refuse("Megatron-LM", "offload_params=True: it offloads the optimizer only (--optimizer-cpu-offload)")
     if run.offload:  # its hybrid-device optimizer runs on the precision-aware optimizer's code path
         args += ["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
-        note("Megatron-LM", "--optimizer-cpu-offload moves the optimizer states and fp32 master weights to the "
-              "CPU, over the distributed optimizer, and keeps the gradients on the GPU (the plan, ZeRO-Offload, "
-              "moves its gradients too)")
+        note("Megatron-LM", "export.megatron.offload")
     if run.precision == "bf16":
         refuse("Megatron-LM", "precision='bf16' (no fp32 master copy)")
     if run.precision == "bf16-mixed-fp32-buffer":
@@ -72,7 +70,7 @@ def _megatron_model(shape) -> list:
     beyond = list(shape.features()) + ([] if pos else [f"pos={shape.pos!r}"]) + (
         [] if shape.mlp in ("swiglu", "gelu") else [f"mlp={shape.mlp!r}"])
     if beyond:
-        note("Megatron-LM", f"the model's own flags are not written for this shape ({', '.join(beyond)}): add them")
+        note("Megatron-LM", "export.megatron.model_flags", beyond=beyond)
         return []
     args = ["--num-layers", str(shape.n_layer), "--hidden-size", str(shape.d_model), "--ffn-hidden-size",
             str(shape.d_ff), "--num-attention-heads", str(shape.n_head), "--max-position-embeddings",

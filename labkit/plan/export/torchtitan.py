@@ -30,8 +30,7 @@ def _titan_dp(run: RunConfig) -> list:
     shard, replicate = (run.dp_size, 1) if run.zero_stage == 3 else (1, run.dp_size)
     policy = "always" if run.reshard_after_forward else "never"
     if run.pp_size > 1 and run.reshard_after_forward and run.zero_stage == 3:
-        note("torchtitan", "its default under a pipeline keeps FSDP's parameters from forward to backward; "
-              "--parallelism.fsdp-reshard-after-forward always frees them as the plan does")
+        note("torchtitan", "export.torchtitan.reshard", setting="--parallelism.fsdp-reshard-after-forward always")
     if run.offload and not run.offload_params:
         refuse("torchtitan", "offload=True without offload_params: --training.enable-cpu-offload moves the "
                 "parameters too (FSDP's CPUOffloadPolicy)")
@@ -46,8 +45,7 @@ def _titan_pipeline(run: RunConfig, shape) -> list:
     if run.pp_size == 1:
         return []
     schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[run.schedule]
-    note("torchtitan", "it splits the layers counting the embedding and the output as a layer each "
-         "(first/last stage less layers 1) unless told 0, as here: the plan's stages")
+    note("torchtitan", "export.torchtitan.stages")
     args = ["--parallelism.pipeline-parallel-degree", str(run.pp_size),
             "--parallelism.pipeline-parallel-schedule", schedule,
             "--parallelism.pipeline-parallel-microbatch-size", str(run.micro_batch),
@@ -71,8 +69,7 @@ def _titan_precision(run: RunConfig) -> list:
     if run.precision == "bf16-mixed-fp32-buffer":
         refuse("torchtitan", "precision='bf16-mixed-fp32-buffer' is DeepSpeed's BF16 optimizer; FSDP keeps its "
                "gradients in fp32 itself")
-    note("torchtitan", "FSDP keeps the sharded parameters and gradients in fp32 (4 + 4 + 8 bytes a parameter, "
-          "the plan's 2 + 2 + 4 + 8 = 16 arranged differently) and gathers bf16 copies")
+    note("torchtitan", "export.torchtitan.fp32_states")
     return ["--training.mixed-precision-param", "bfloat16", "--training.mixed-precision-reduce", "float32"]
 
 
@@ -97,11 +94,9 @@ def to_torchtitan(plan, *, shape=None, module: str | None = None, config: str | 
     if run.pp_size > 1:
         args.append("--training.disable-cuda-graphs")  # CUDA graphs refuse pipeline parallelism
     if run.recompute == "selective":
-        note("torchtitan", "its selective mode is per-op (it saves every other matmul's output), not the plan's "
-              "attention-only recomputation: its activations differ")
+        note("torchtitan", "export.torchtitan.selective")
     if run.optimizer != "adamw":
-        note("torchtitan", f"optimizer={run.optimizer!r} is the --config function's param_groups (torchtitan's "
-             "own configs take AdamW)")
+        note("torchtitan", "export.torchtitan.optimizer", optimizer=run.optimizer)
     if not run.overlap_grad_reduce and run.dp_size > 1:
-        note("torchtitan", "FSDP and DDP always overlap the gradient reduction with the backward")
+        note("torchtitan", "export.torchtitan.overlap")
     return args + [f"activation-checkpoint:{run.recompute}"]

@@ -33,17 +33,15 @@ def _weights(fmt: str | None, weight_bytes, checkpoint: str | None) -> tuple:
     if fmt in ("bf16", "fp16"):
         return {"bf16": "bfloat16", "fp16": "float16"}[fmt], []
     if QUANT_METHODS.get(checkpoint) == fmt:
-        note("vLLM", f"the checkpoint is stored in {fmt} (its config.json's quantization_config), which vLLM "
-             "reads by itself: no --quantization")
+        note("vLLM", "export.vllm.stored", fmt=fmt)
         return "bfloat16", []
     if fmt not in QUANTIZATION:
         refuse("vLLM", f"weight_format={fmt!r} of a checkpoint stored otherwise: vLLM reads {fmt} from a "
                "checkpoint stored so (serve that checkpoint) and quantizes on the fly only to fp8")
     if fmt == "fp8":
-        note("vLLM", "--quantization fp8 of a 16-bit checkpoint keeps one scale a matrix; the plan counted "
-             "one a 128 x 128 block (DeepSeek-V3's), a few MB more")
+        note("vLLM", "export.vllm.fp8")
     if fmt.startswith("int4"):
-        note("vLLM", f"--quantization {QUANTIZATION[fmt]} reads a checkpoint already stored so: give its name")
+        note("vLLM", "export.vllm.int4", method=QUANTIZATION[fmt])
     return "bfloat16", ["--quantization", QUANTIZATION[fmt]]
 
 
@@ -82,10 +80,8 @@ def to_vllm(plan, *, model: str | None = None, context_len: int | None = None, g
         "--max-model-len", str(settings["context_len"]), "--gpu-memory-utilization",
         f"{settings['gpu_memory_utilization']:g}", "--block-size", str(plan.estimate.block_size),
         "--kv-cache-dtype", kv, "--max-num-seqs", str(settings["max_num_seqs"])]
-    note("vLLM", "bfloat16 stands for any 2-byte dtype (float16 too); vLLM profiles a forward at start-up and "
-         "gives the KV cache what remains of --gpu-memory-utilization, as the plan's estimate does")
+    note("vLLM", "export.vllm.memory")
     if getattr(plan.estimate, "layer_windows", ()) and len(set(plan.estimate.layer_windows)) > 1 and \
             plan.estimate.window_cache == "per_layer":
-        note("vLLM", "the plan sizes each layer's cache by its window, as vLLM's hybrid KV cache manager does; "
-             "without it every layer holds the whole context and fewer requests fit")
+        note("vLLM", "export.vllm.windows")
     return args
