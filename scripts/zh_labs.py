@@ -120,7 +120,7 @@ _TICKS = {"set_xticks", "set_yticks", "xticks", "yticks"}  # their labels, after
 _SHOW_KEYWORDS = {"label", "labels", "title"}
 # An expression a shown literal may sit in: joined, formatted, chosen, listed.
 _PASS_THROUGH = (ast.BinOp, ast.JoinedStr, ast.FormattedValue, ast.IfExp, ast.Tuple, ast.List,
-                 ast.BoolOp, ast.Starred)
+                 ast.BoolOp, ast.Starred, ast.GeneratorExp, ast.ListComp)  # a comprehension's item
 _STR_METHODS = {"format", "join", "ljust", "rjust", "center"}
 
 

@@ -905,7 +905,7 @@ def test_chinese_lab_prints_chinese_where_its_code_does(lab):
 # configuration (code) and the command line's output (a cell tagged "english-tool-output": its
 # lines that the English lab prints the same).
 _REPR = re.compile(r"<Figure size \d+x\d+ with \d+ Axes>|\b(?:True|False|None)\b|\w+Error\b|\d+(?:\.\d+)?\w*/s\b"
-                   r"|\[F+\]|\b[FB]\d+\b")  # a checkpoint plan's segments, a schedule's F0 and B0
+                   r"|\[F+\]|\b[FB]\d+\b|--[\w-]+")  # a checkpoint plan's segments, a schedule's F0, a flag
 
 
 @functools.lru_cache(maxsize=None)

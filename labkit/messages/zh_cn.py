@@ -146,7 +146,7 @@ CATALOGUE = {
     "export.deepspeed.bf16_optimizer": ("ZeRO 阶段 1 下以 fp32 做梯度累积的 bf16 训练，就是它的 BF16 优化器，"
                                         "这个优化器还要保存一份 bf16 梯度：每个参数比方案计入的多 2 字节"
                                         "（精度选“{precision:opt.precision}”时会计入这部分）"),
-    "export.deepspeed.fp32_partition": ("bf16 下的 ZeRO-1/2 以 fp32 保存划分到本 rank 的梯度和主权重"
+    "export.deepspeed.fp32_partition": ("ZeRO-1/2 在 bf16 下以 fp32 保存划分到本 rank 的梯度和主权重"
                                         "（每个参数 4 + 4 字节，方案按 2 + 4 字节计）"),
     "export.deepspeed.pipeline": ("请把模型构建为 {module}：流水线阶段由这个模块的参数决定（配置中的“pipeline”"
                                   "块只设置它的重计算）"),
@@ -192,15 +192,15 @@ CATALOGUE = {
     "export.vllm.windows": ("方案按每层的窗口大小确定该层的缓存，与 vLLM 的混合 KV 缓存管理器"
                             "（hybrid KV cache manager）一致；没有它，每层都要缓存完整的上下文，"
                             "能同时容纳的请求更少"),
-    "published.bloom.network": ("训练所用的超级计算机（Jean Zay）每个节点有 8 张 GPU 和 4 条 100 Gb/s 链路"
-                                "（Omni-Path），按每张 GPU 6.25 GB/s 计"),
+    "published.bloom.network": ("训练所用的超级计算机（Jean Zay）每个节点有 4 条 100 Gb/s 链路（Omni-Path），"
+                                "供节点上的 8 张 GPU 共用，按每张 GPU 6.25 GB/s 计"),
     "published.bloom.attention": "Megatron 的融合 softmax 会保存注意力分数（attention='eager'）；未使用序列并行",
     "published.llama3.interleave": "交错度 v 未公开：假设为 2，即最小的交错度",
     "published.llama3.fused": "按融合内核计（kernels='fused'，labkit.memory.fused），而不是 labkit 自己的计数",
     "published.llama3.stages": "首、末阶段各少一层：规划器的模型则把层数较少的阶段放在最后",
     "published.llama3.network": "未建模定制通信库（NCCLX）及其调优；400 Gb/s 的网络按每张 GPU 50 GB/s 计",
     "published.llama3.all_gather": "上下文并行通过对 K 和 V 做 all-gather 实现（规划器的模型按可重叠的 ring 计）",
-    "published.llama3.assumed_128k": "128K 时是否重计算未说明：假设不重计算；v 未公开：与 8K 相同，假设为 2",
+    "published.llama3.assumed_128k": "128K 时是否重计算未说明：假设不重计算；v 未公开：假设为 2，与 8K 相同",
     "published.narayanan.micro_batch": "每一行的微批次大小均未公开：假设 b = {micro_batch}",
     "grade.case.public": "公开测试 {n}{rule}：{shown}{why}",
     "grade.case.hidden": "隐藏测试 {n}{rule}：{why}",
