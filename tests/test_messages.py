@@ -239,3 +239,64 @@ def test_published_runs_notes_are_english_and_said_in_chinese():
         assert pickle.loads(pickle.dumps(case)).note_texts("zh_CN") == zh
     assert replace(cases[0], notes=("as given",)).note_texts("zh_CN") == ("as given",)
     assert {n.kind for case in cases for n in case.notes} == {k for k in EN if k.startswith("published.")}
+
+
+# ----------------------------------------------------------------------------- what labkit prints
+def test_labkit_prints_in_the_language_set_and_the_command_line_stays_english(capsys):
+    """labkit.setup(lang=...) sets the language of labkit's printed text for the process (its
+    banner, the planner's tables and reasons, the breakdowns, the meter's table); ``using`` sets
+    it for a block and restores it; the command line speaks English whatever is set."""
+    import labkit
+    from labkit import messages
+    from labkit.plan.cli import main as plan_cli
+    from labkit.plan.table import serving_table, training_table
+
+    found = plan_training(PRESETS["llama-3-8b"], gpu="a100-80gb", num_gpus=8, seq_len=4096, global_batch=64)
+    nothing = plan_training(PRESETS["llama-2-7b"], gpu="a100-80gb", num_gpus=1, seq_len=4096, global_batch=16)
+    served = plan_serving(PRESETS["llama-3-8b"], gpu="l4", num_gpus=2, context_len=2048)
+    printed = lambda: [training_table(found, 3), serving_table(served, 2), nothing.reason(),
+                       str(found.plans[0].memory), str(served.plans[0].estimate)]
+    english = printed()
+    assert messages.current() == "en" and not any(CJK.search(t) for t in english)
+    previous = messages.current()
+    try:
+        labkit.setup(seed=0, lang="zh")
+        assert messages.current() == "zh_CN" and CJK.search(capsys.readouterr().out)
+        chinese = printed()
+        assert all(CJK.search(t) for t in chinese), chinese
+        for text in chinese:  # in Chinese throughout: no English word outside the kept list
+            assert not english_words(re.sub(r"\b(?:none|selective|full|kv_cache|weights)\b", "", text),
+                                     kept_latin()), text
+        assert plan_cli(["train", "--model", "llama-3-8b", "--gpu", "a100-80gb", "--num-gpus", "8",
+                         "--seq-len", "4096", "--global-batch", "64", "--top", "3"]) == 0
+        cli = capsys.readouterr().out
+        assert english[0] in cli and not CJK.search(cli)  # the English table
+        assert messages.current() == "zh_CN"
+        with messages.using("en"):
+            assert printed() == english
+        assert messages.current() == "zh_CN"
+    finally:
+        messages.use(previous)
+    assert printed() == english
+    with pytest.raises(ValueError, match="lang='fr'"):
+        messages.use("fr")
+    with pytest.raises(ValueError, match="lang=True"):
+        labkit.setup(lang=True)
+
+
+def test_a_chinese_table_lines_up_in_display_columns():
+    """A CJK character takes two columns: the right-aligned tables end every row at one column."""
+    from labkit import messages
+    from labkit.plan.table import training_table
+
+    assert messages.width("显存 GB") == 7 and messages.pad("显存", 6, ">") == "  显存"
+    found = plan_training(PRESETS["llama-3-8b"], gpu="a100-80gb", num_gpus=8, seq_len=4096, global_batch=64)
+    with messages.using("zh_CN"):
+        rows = training_table(found, 5).splitlines()[1:]
+    assert len({messages.width(r) for r in rows}) == 1, rows  # the header as wide as the rows
+
+    def ends(row):  # the display column where each cell ends
+        return [messages.width(row[:k + 1]) for k in range(len(row))
+                if row[k] != " " and (k + 1 == len(row) or row[k + 1] == " ")]
+
+    assert len({tuple(ends(r)) for r in rows[1:]}) == 1, rows  # a plan's cells hold no space

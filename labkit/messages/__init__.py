@@ -1,4 +1,5 @@
-"""What the book's calculators and the exercise grader say, in each edition's language.
+"""What the book's calculators, the exercise grader and labkit's printed text say, in each
+edition's language.
 
 One table of strings per language (``CATALOGUES["en"]``, ``CATALOGUES["zh_CN"]``: ``en.py`` and
 ``zh_cn.py`` beside this file), keyed by a
@@ -16,7 +17,12 @@ list separator; a shape feature by its ``feature.`` text), ``opt.precision`` and
 ``arg`` (an argument's name, after its form label), ``val`` and ``vals`` (the value or values of
 the argument the field ``name`` names, as its options read). The Chinese strings use the glossary's terms
 (locales/zh_CN/GLOSSARY.md; tests/test_i18n.py checks them). Standard library only: the
-calculators run it in the page (Brython). The command line stays English and does not use it.
+calculators run it in the page (Brython).
+
+labkit's own printed text (the planner's tables and reasons, the estimates' breakdowns, the
+meter's table, the engines' notes, the exceptions a lab prints) is worded here too, in the
+language :func:`use` sets for the process (``labkit.setup(lang="zh_CN")``; English by default):
+:func:`say` renders a kind in it. The command line stays English (it runs under ``using("en")``).
 
 :func:`error_message` renders an exception labkit raised: an :class:`labkit.validate.ArgumentError`
 carries ``kind`` and ``fields`` (``ArgumentError(..., kind="context_len", context_len=8192,
