@@ -20,7 +20,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..messages import pad, say
 from ..validate import check_bool
 from .collective_copies import collective_on_copies
 
@@ -69,14 +68,11 @@ class MemoryReport:
         return self.max_by_category["activations"]
 
     def table(self) -> str:
-        """A small text table: bytes by category at the peak and each category's own maximum."""
-        rows = [f"{pad(say('meter.category'), 12)} {pad(say('meter.at_peak'), 14, '>')} "
-                f"{pad(say('meter.max'), 14, '>')}"]
-        for cat in CATEGORIES:
-            rows.append(f"{pad(say('meter.' + cat), 12)} {self.at_peak[cat]:>14,} {self.max_by_category[cat]:>14,}")
-        rows.append(f"{pad(say('meter.total'), 12)} {self.peak_bytes:>14,}   "
-                    + say("meter.peak_in", phase=self.peak_phase, op=self.peak_op))
-        return "\n".join(rows)
+        """A small text table: bytes by category at the peak and each category's own maximum, in
+        the language labkit prints in (:func:`labkit.memory.text.report_table`)."""
+        from .text import report_table
+
+        return report_table(self, CATEGORIES)
 
     def peak_of(self, *categories: str) -> int:
         """The highest sum of ``categories`` over the timeline (e.g. activations + temporaries)."""
