@@ -19,7 +19,7 @@ import warnings
 from .validate import check_bool
 
 __all__ = ["glue", "glue_figure", "chinese_figures", "chinese_text", "overflow_text", "CHINESE",
-           "ZH_SUFFIX", "CJK_FONTS"]
+           "ZH_SUFFIX", "CJK_FONTS", "installed_cjk_font", "draw_chinese"]
 
 ZH_SUFFIX = "_zh"
 # The Chinese figures' fonts, the first one installed wins (fonts-noto-cjk, which the browser test
@@ -85,6 +85,43 @@ def _myst_glue(name: str, value, display: bool):
     except ImportError:
         return None
     return myst_glue(name, value, display=display)
+
+
+# Where fonts-noto-cjk puts its files: a font installed after matplotlib built its font list (on
+# Colab, by apt-get in the running session) is added from here.
+CJK_FONT_FILES = "/usr/share/fonts/opentype/noto/Noto*CJK-Regular.ttc"
+
+
+def installed_cjk_font() -> str | None:
+    """The first of :data:`CJK_FONTS` that matplotlib finds installed (DejaVu Sans aside), looking
+    again after adding :data:`CJK_FONT_FILES` to its list; None if there is none."""
+    import glob
+
+    from matplotlib import font_manager
+
+    for attempt in range(2):
+        for name in CJK_FONTS[:-1]:
+            try:
+                font_manager.findfont(name, fallback_to_default=False)
+                return name
+            except ValueError:
+                continue
+        for path in glob.glob(CJK_FONT_FILES) if attempt == 0 else ():
+            font_manager.fontManager.addfont(path)
+    return None
+
+
+def draw_chinese() -> str | None:
+    """Make matplotlib draw Chinese for the rest of the process (a Chinese lab, from
+    ``labkit.setup(lang="zh_CN")``): DejaVu Sans first, so Latin text and numbers look as in the
+    English labs, then the installed CJK font for the glyphs it lacks (a family list falls back
+    glyph by glyph). Returns the font, or None when none is installed (Chinese shows as boxes)."""
+    import matplotlib
+
+    font = installed_cjk_font()
+    if font is not None:
+        matplotlib.rcParams["font.family"] = ["DejaVu Sans", font]
+    return font
 
 
 @contextlib.contextmanager

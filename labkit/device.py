@@ -47,7 +47,8 @@ def setup(seed: int = 0, device: str | None = None, verbose: bool = True,
     so a notebook's checked output is the same on every CPU or every GPU. ``lang`` ("en",
     "zh_CN"; None keeps the current one) is the language of what labkit prints from then on in
     this process: its tables, reasons and notes (``labkit.messages.use``); the Chinese labs pass
-    "zh_CN".
+    "zh_CN", which also gives matplotlib a CJK font (``labkit.book.draw_chinese``) or says how to
+    install one.
     """
     from . import messages
     from .version import __version__
@@ -57,8 +58,20 @@ def setup(seed: int = 0, device: str | None = None, verbose: bool = True,
         messages.use(lang)
     seed_everything(seed)
     dev = pick_device(device)
+    font = _figures_in_chinese() if messages.current() == "zh_CN" else ""
     if verbose:
         print(f"Python {platform.python_version()} | torch {torch.__version__} | labkit {__version__}")
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine()
         print(messages.say("setup.device", device=dev.type, name=name, seed=seed))
+        if font is None:
+            print(messages.say("setup.no_cjk_font"))
     return dev
+
+
+def _figures_in_chinese() -> str | None:
+    """A CJK font for matplotlib (labkit.book.draw_chinese); "" without matplotlib."""
+    try:
+        from .book import draw_chinese
+        return draw_chinese()
+    except ImportError:
+        return ""

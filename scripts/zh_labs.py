@@ -11,8 +11,9 @@ label= keywords), each replaced by its translation in labs/NN_name.code.po (extr
 ``tokenize`` and ``ast``; scripts/i18n.py writes its template and checks it, format fields kept).
 Tool markers (# NBVAL_..., # noqa), shapes such as ``# (B, T, h)`` and data (dict keys, names,
 arguments, paths) stay. Then the notebook is run as the English labs are (nbconvert, from labs/;
-matplotlib with a CJK font behind DejaVu Sans), so its outputs are what its code prints, the
-English lab's numbers (tests/test_i18n.py checks them, and that nothing else moved).
+its labkit.setup(lang="zh_CN") gives matplotlib a CJK font behind DejaVu Sans), so its outputs
+are what its code prints, the English lab's numbers (tests/test_i18n.py checks them, and that
+nothing else moved).
 A literal bound to a name that the cell only prints (``line = f"..."``, a loop's label) counts as
 printed. The Chinese lab's ``labkit.setup(...)`` call gains ``lang="zh_CN"`` (its one other change),
 so what labkit prints is in Chinese too: its tables, reasons and notes, the meter's table, the
@@ -450,51 +451,27 @@ def chinese_lab(lab: Path) -> tuple[dict, list[str]]:
     return nb, missing
 
 
-# Matplotlib's fonts for the run: DejaVu Sans (matplotlib's own, so Latin text and numbers are
-# drawn as in the English lab), then a CJK font for the glyphs DejaVu lacks (fonts-noto-cjk).
-# (A family list, not the sans-serif alias: only a list falls back glyph by glyph.)
-MATPLOTLIBRC = "font.family: DejaVu Sans, {}\n"
-
-
 def _cjk_font() -> str:
-    """The first of labkit.book.CJK_FONTS that matplotlib finds (an absent one would print a
-    warning into the outputs)."""
-    from matplotlib import font_manager
+    """The CJK font labkit.setup(lang="zh_CN") draws the Chinese lab's figures with
+    (labkit.book.installed_cjk_font); none installed is an error here, not boxes in the figures."""
+    from labkit.book import CJK_FONTS, installed_cjk_font
 
-    from labkit.book import CJK_FONTS
-
-    for name in CJK_FONTS[:-1]:
-        try:
-            font_manager.findfont(name, fallback_to_default=False)
-            return name
-        except ValueError:
-            continue
-    raise SystemExit(f"error: none of the CJK fonts {CJK_FONTS[:-1]} is installed "
-                     "(apt-get install fonts-noto-cjk)")
+    font = installed_cjk_font()
+    if font is None:
+        raise SystemExit(f"error: none of the CJK fonts {CJK_FONTS[:-1]} is installed "
+                         "(apt-get install fonts-noto-cjk)")
+    return font
 
 
 def execute(nb: dict, timeout: int = 900) -> dict:
-    """``nb`` run top to bottom as the English labs are (nbconvert, from labs/), with a CJK font
-    behind matplotlib's default so the printed and drawn Chinese shows."""
-    import os
-    import tempfile
-
+    """``nb`` run top to bottom as the English labs are (nbconvert, from labs/); its
+    labkit.setup(lang="zh_CN") call gives matplotlib the CJK font, so the drawn Chinese shows."""
     import nbformat
     from nbconvert.preprocessors import ExecutePreprocessor
 
-    with tempfile.TemporaryDirectory() as rc:
-        Path(rc, "matplotlibrc").write_text(MATPLOTLIBRC.format(_cjk_font()))
-        old = os.environ.get("MATPLOTLIBRC")
-        os.environ["MATPLOTLIBRC"] = rc
-        try:
-            notebook = nbformat.reads(json.dumps(nb), as_version=4)
-            ExecutePreprocessor(timeout=timeout).preprocess(
-                notebook, {"metadata": {"path": str(LABS)}})
-        finally:
-            if old is None:
-                os.environ.pop("MATPLOTLIBRC")
-            else:
-                os.environ["MATPLOTLIBRC"] = old
+    _cjk_font()
+    notebook = nbformat.reads(json.dumps(nb), as_version=4)
+    ExecutePreprocessor(timeout=timeout).preprocess(notebook, {"metadata": {"path": str(LABS)}})
     return json.loads(nbformat.writes(notebook))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import os
 import re
 import tokenize
 import shutil
@@ -964,6 +965,40 @@ def test_chinese_lab_prints_no_english_prose(lab):
             if words:
                 found.append(f"{words}: {line[:100]}")
     assert not found, f"labs/zh/{lab} prints English:\n" + "\n".join(found[:30])
+
+
+def test_a_chinese_lab_draws_with_a_cjk_font_installed_after_matplotlib_started(monkeypatch, capsys):
+    """labkit.setup(lang="zh_CN") gives matplotlib the CJK font, also one installed after
+    matplotlib listed its fonts (apt-get on Colab, then the cell run again); with none, it says
+    how to install one instead of drawing boxes silently."""
+    import glob
+
+    import matplotlib
+    from matplotlib import font_manager
+
+    import labkit
+    from labkit import book, messages
+
+    if not glob.glob(book.CJK_FONT_FILES):
+        if os.environ.get("CI") == "true":
+            pytest.fail("fonts-noto-cjk is not installed: .ci/run installs it")
+        pytest.skip("fonts-noto-cjk is not installed (apt-get install fonts-noto-cjk)")
+    fm = font_manager.fontManager
+    monkeypatch.setattr(fm, "ttflist", [f for f in fm.ttflist if "CJK" not in f.name])
+    monkeypatch.setitem(matplotlib.rcParams, "font.family", list(matplotlib.rcParams["font.family"]))
+    fm._findfont_cached.cache_clear()
+    previous = messages.current()
+    try:
+        labkit.setup(lang="zh_CN")
+        assert matplotlib.rcParams["font.family"] == ["DejaVu Sans", book.CJK_FONTS[0]]
+        assert messages.render("setup.no_cjk_font", "zh_CN") not in capsys.readouterr().out
+        monkeypatch.setattr(book, "CJK_FONT_FILES", "/nonexistent/*.ttc")
+        monkeypatch.setattr(book, "CJK_FONTS", ["No Such CJK Font", "DejaVu Sans"])
+        labkit.setup(lang="zh_CN")
+        assert messages.render("setup.no_cjk_font", "zh_CN") in capsys.readouterr().out
+    finally:
+        messages.use(previous)
+        fm._findfont_cached.cache_clear()
 
 
 def test_chinese_lab_pages_open_the_chinese_labs(built_book):
