@@ -64,7 +64,7 @@ def setup(seed: int = 0, device: str | None = None, verbose: bool = True,
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.machine()
         print(messages.say("setup.device", device=dev.type, name=name, seed=seed))
         if font is None:
-            print(messages.say("setup.no_cjk_font"))
+            print(messages.say("setup.no_cjk_font", command="!apt-get -qq install fonts-noto-cjk"))
     return dev
 
 

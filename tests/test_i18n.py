@@ -991,11 +991,11 @@ def test_a_chinese_lab_draws_with_a_cjk_font_installed_after_matplotlib_started(
     try:
         labkit.setup(lang="zh_CN")
         assert matplotlib.rcParams["font.family"] == ["DejaVu Sans", book.CJK_FONTS[0]]
-        assert messages.render("setup.no_cjk_font", "zh_CN") not in capsys.readouterr().out
+        assert messages.render("setup.no_cjk_font", "zh_CN", command="!apt-get -qq install fonts-noto-cjk") not in capsys.readouterr().out
         monkeypatch.setattr(book, "CJK_FONT_FILES", "/nonexistent/*.ttc")
         monkeypatch.setattr(book, "CJK_FONTS", ["No Such CJK Font", "DejaVu Sans"])
         labkit.setup(lang="zh_CN")
-        assert messages.render("setup.no_cjk_font", "zh_CN") in capsys.readouterr().out
+        assert messages.render("setup.no_cjk_font", "zh_CN", command="!apt-get -qq install fonts-noto-cjk") in capsys.readouterr().out
     finally:
         messages.use(previous)
         fm._findfont_cached.cache_clear()

@@ -247,7 +247,7 @@ CATALOGUE = {
     # estimates' breakdowns), in the language labkit.messages.use set
     "setup.device": "device: {device} ({name}), seed {seed}",
     "setup.no_cjk_font": ("no CJK font is installed: Chinese in the figures shows as boxes (on Colab or "
-                          "Debian/Ubuntu: !apt-get -qq install fonts-noto-cjk, then run this cell again)"),
+                          "Debian/Ubuntu: {command}, then run this cell again)"),
     "table.train.summary": "{fit} of {considered} configurations fit in {limit:.1GB} a GPU; the best {shown}:",
     "table.train.t": "t", "table.train.p": "p", "table.train.v": "v", "table.train.dp": "dp",
     "table.train.ep": "ep", "table.train.cp": "cp", "table.train.zero": "zero",

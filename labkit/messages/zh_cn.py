@@ -221,7 +221,7 @@ CATALOGUE = {
     "grade.note": "说明：{notice}", "grade.total": "总分",
     "setup.device": "设备：{device}（{name}），随机种子 {seed}",
     "setup.no_cjk_font": ("没有安装中文字体，图中的中文会显示为方框（在 Colab 或 Debian/Ubuntu 上运行 "
-                          "!apt-get -qq install fonts-noto-cjk，然后再次运行这个单元格）"),
+                          "{command}，然后再次运行这个单元格）"),
     "table.train.summary": "{fit} 个配置放得下（共 {considered} 个，每张 GPU {limit:.1GB}）；最佳的 {shown} 个：",
     "table.train.t": "t", "table.train.p": "p", "table.train.v": "v", "table.train.dp": "dp",
     "table.train.ep": "ep", "table.train.cp": "cp", "table.train.zero": "ZeRO",
