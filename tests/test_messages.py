@@ -242,13 +242,18 @@ def test_published_runs_notes_are_english_and_said_in_chinese():
 
 
 # ----------------------------------------------------------------------------- what labkit prints
-def test_labkit_prints_in_the_language_set_and_the_command_line_stays_english(capsys):
+def test_labkit_prints_in_the_language_set_and_the_command_line_stays_english(capsys, monkeypatch):
     """labkit.setup(lang=...) sets the language of labkit's printed text for the process (its
     banner, the planner's tables and reasons, the breakdowns, the meter's table); ``using`` sets
     it for a block and restores it; the command line speaks English whatever is set."""
+    import matplotlib
+
     import labkit
     from labkit import messages
     from labkit.plan.cli import main as plan_cli
+
+    # setup(lang="zh_CN") gives matplotlib a CJK font: the worker's other tests keep theirs
+    monkeypatch.setitem(matplotlib.rcParams, "font.family", list(matplotlib.rcParams["font.family"]))
     from labkit.plan.table import serving_table, training_table
 
     found = plan_training(PRESETS["llama-3-8b"], gpu="a100-80gb", num_gpus=8, seq_len=4096, global_batch=64)
