@@ -16,7 +16,8 @@ import contextlib
 import logging
 import warnings
 
-from .validate import check_bool
+from .messages import render
+from .validate import check_bool, check_int
 
 __all__ = ["glue", "glue_figure", "chinese_figures", "chinese_text", "overflow_text", "CHINESE",
            "ZH_SUFFIX", "CJK_FONTS", "installed_cjk_font", "draw_chinese"]
@@ -26,14 +27,15 @@ ZH_SUFFIX = "_zh"
 # already needs); DejaVu Sans draws what they lack.
 CJK_FONTS = ["Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "DejaVu Sans"]
 
-# The words labs glue, in Chinese (locales/zh_CN/GLOSSARY.md), by kind: a step's phases
-# (labkit.memory's meter), the memory terms (labkit.plan.TERMS), the recomputation policies.
+# The words labs glue, in Chinese, by kind: a step's phases (labkit.memory's meter), the memory
+# terms (labkit.plan.TERMS), the recomputation policies. labkit.messages' catalogue words them,
+# as it does for the calculators and the planner's reasons (locales/zh_CN/GLOSSARY.md's terms).
 CHINESE = {
-    "phase": {"forward": "前向传播", "backward": "反向传播", "optimizer": "优化器更新"},
-    "term": {"params": "参数", "grads": "梯度", "optimizer": "优化器状态",
-             "activations": "激活值", "transient": "临时缓冲区", "non_torch": "PyTorch 之外的显存"},
-    "recompute": {"none": "不重计算", "selective": "选择性重计算", "full": "完全重计算",
-                  "sqrt": "√n 分段检查点"},
+    "phase": {p: render(f"phase.{p}", "zh_CN") for p in ("forward", "backward", "optimizer")},
+    "term": {t: render(f"term.{t}", "zh_CN")
+             for t in ("params", "grads", "optimizer", "activations", "transient", "non_torch")},
+    "recompute": {**{r: render(f"option.recompute.{r}", "zh_CN") for r in ("none", "selective", "full")},
+                  "sqrt": render("checkpoint.sqrt", "zh_CN")},
 }
 
 
@@ -50,14 +52,14 @@ def chinese_text(kind: str, word: str) -> str:
 def overflow_text(term: str, so_far: float, limit: float, language: str = "en",
                   digits: int = 1) -> str:
     """A layout that does not fit, from the planner's numbers (GB): the first memory term whose
-    running total passes the limit, that total, the limit. English as labkit.plan words it
-    ("params: 141.0 GB of 77.0 GB"), or Chinese."""
-    if language == "en":
-        return f"{term}: {so_far:.{digits}f} GB of {limit:.{digits}f} GB"
-    if language == "zh":
-        return (f"计入{chinese_text('term', term)}后已达 {so_far:.{digits}f} GB，"
-                f"超过上限 {limit:.{digits}f} GB")
-    raise ValueError(f"language={language!r} must be 'en' or 'zh'")
+    running total passes the limit, that total, the limit; worded as the planner words it
+    (``labkit.messages``' "plan.overflow": "params: 141.0 GB of 77.0 GB"), in English or
+    Chinese ("zh"), to ``digits`` decimals."""
+    if language not in ("en", "zh"):
+        raise ValueError(f"language={language!r} must be 'en' or 'zh'")
+    check_int("digits", digits, 0, 6)
+    return render("plan.overflow", "en" if language == "en" else "zh_CN", term=term,
+                  bytes_so_far=so_far * 1e9, limit_bytes=limit * 1e9, digits=digits)
 
 
 def glue(name: str, value, display: bool = True, *, zh=None):

@@ -52,7 +52,7 @@ def test_planted_english_and_forbidden_terms_are_found():
 def test_render_fills_fields_per_language():
     fields = dict(term="activations", bytes_so_far=91.2e9, limit_bytes=77.3e9)
     assert render("plan.overflow", "en", **fields) == "activations: 91.2 GB of 77.3 GB"
-    assert render("plan.overflow", "zh_CN", **fields) == "激活值：累计 91.2 GB，超过上限 77.3 GB"
+    assert render("plan.overflow", "zh_CN", **fields) == "计入激活值后累计 91.2 GB，超过上限 77.3 GB"
     assert render("plan.overflow", "zh-CN", **fields) == render("plan.overflow", "zh", **fields)
     assert [name for _, name in pieces("calc.sized", "zh_CN", considered=3, fitting=0)] == \
         [None, "considered", None, "fitting", None]

@@ -7,11 +7,12 @@ One table of strings per language (``CATALOGUES["en"]``, ``CATALOGUES["zh_CN"]``
 fields (numbers, names, terms), so no English sentence is parsed or pasted into a Chinese one:
 
     >>> render("plan.overflow", "zh_CN", term="activations", bytes_so_far=91.2e9, limit_bytes=77.3e9)
-    '激活值：累计 91.2 GB，超过上限 77.3 GB'
+    '计入激活值后累计 91.2 GB，超过上限 77.3 GB'
 
 A field is written ``{name}``, or ``{name:spec}`` where ``spec`` is Python's format spec or one of
-this module's: ``.1GB`` (bytes as GB, 1 decimal), ``term`` (the field is a kind's suffix, e.g.
-``term.activations``, rendered in the same language), ``list`` (items joined by the language's
+this module's: ``.1GB`` (bytes as GB, 1 decimal), ``GB`` (bytes as GB, to the field ``digits``
+decimals, 1 without it), ``term`` and ``phase`` (the field is a kind's suffix, e.g.
+``term.activations``, ``phase.backward``, rendered in the same language), ``list`` (items joined by the language's
 list separator; a shape feature by its ``feature.`` text), ``opt.precision`` and
 ``opts.precision`` (an option's text, or a list of them), ``q`` (quoted the language's way),
 ``arg`` (an argument's name, after its form label), ``val`` and ``vals`` (the value or values of
@@ -146,8 +147,10 @@ def _format(value, conversion, spec, lang, fields) -> str:
     if spec in ("val", "vals"):  # the value(s) of the argument named by the field "name"
         texts = [_option_text(fields.get("name"), v, lang) for v in (value if spec == "vals" else [value])]
         return _template("list.separator", lang).join(texts)
-    if spec == "term":
-        return render("term." + value, lang) if "term." + value in _EN else str(value)
+    if spec in ("term", "phase"):  # a memory term, a step's phase: its kind's text
+        return render(f"{spec}.{value}", lang) if f"{spec}.{value}" in _EN else str(value)
+    if spec == "GB":  # bytes as GB, to the field "digits" decimals (1 without it)
+        return format(value / 1e9, f".{fields.get('digits', 1)}f") + " GB"
     if spec == "list":
         return _template("list.separator", lang).join(
             render("feature." + v, lang) if isinstance(v, str) and "feature." + v in _EN else str(v)

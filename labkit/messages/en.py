@@ -54,7 +54,7 @@ CATALOGUE = {
     "calc.paste_here": "Paste a Hugging Face config.json here",
     "label.config_json": "pasted config.json", "option.preset.config.json": "a pasted config.json",
     # the planner's reasons (labkit.plan: TrainingPlans.overflows, ServingPlans.refused)
-    "plan.overflow": "{term}: {bytes_so_far:.1GB} of {limit_bytes:.1GB}",
+    "plan.overflow": "{term}: {bytes_so_far:GB} of {limit_bytes:GB}",
     "plan.layout": "t={tp_size}{cp} p={pp_size} N_d={dp_size}: {why}",
     "plan.layout_cp": " cp={cp_size}", "plan.separator": "; ", "plan.colon": ": ",
     "plan.refused": "labkit does not run {what} yet", "plan.refused_separator": "; nor ",
@@ -272,6 +272,8 @@ CATALOGUE = {
     "meter.parameters": "parameters", "meter.buffers": "buffers", "meter.gradients": "gradients",
     "meter.optimizer": "optimizer", "meter.activations": "activations", "meter.temporaries": "temporaries",
     "meter.peak_in": "(peak in {phase}, op {op})",
+    "phase.forward": "forward", "phase.backward": "backward", "phase.optimizer": "optimizer",
+    "checkpoint.sqrt": "sqrt(n) segments",
     # exceptions whose text a lab prints
     "raise.shard_missing": "shard {name} (rank {rank} of {world_size}) is missing from {path}",
     "raise.shard_size": ("shard {shard} has {size} bytes, the manifest says {expected}: it is truncated, damaged, "
