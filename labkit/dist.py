@@ -55,7 +55,18 @@ def rendezvous_store(timeout_s: float = 30.0) -> dist.TCPStore:
 # that imported torch under other values would not run as the parent asks, so they are spawned.
 _IMPORT_TIME_ENV = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
                     "TRITON_INTERPRET")
-_PRELOAD = ["torch", "torch.distributed", "labkit", "labkit.dist", "labkit.model"]
+# What the server imports once for all its ranks: torch, labkit, and what a rank would otherwise
+# import on its own at first use, each rank again. torch._dynamo alone, which torch imports when a
+# collective or an optimizer is first called, costs a rank about a second of CPU (it brings sympy
+# and Triton's front end); DTensor, FSDP2, pipelining and checkpointing half a second each. A name
+# that cannot be imported here is skipped by the server.
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor",
+            "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed.checkpoint",
+            "labkit", "labkit.dist", "labkit.model", "labkit.memory", "labkit.parallel",
+            *(f"labkit.runs.{m}" for m in ("accumulate", "context_parallel", "expert_parallel",
+                                            "parallel3d", "pipeline", "planning", "tensor_parallel",
+                                            "tensor_parallel_ref", "tensor_parallel_train", "zero",
+                                            "zero_reference"))]
 _server_env: dict | None = None
 
 

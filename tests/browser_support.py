@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -17,11 +18,17 @@ from labkit.busy import timeout_scale
 SCALE = timeout_scale()
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+# The book is read offline: no host but this machine's resolves, so a page that needs the network
+# (MathJax from a CDN, a web font) fails to load it. This is the browser's rule, not a Playwright
+# route: a route turns off the HTTP cache, and every page would compile MathJax's megabyte of
+# JavaScript again (about 2 CPU-seconds a page). A request to a host given by its address, which
+# no name rule stops, is caught by ``other_hosts``.
+OFFLINE = "--host-resolver-rules=MAP * ~NOTFOUND, " + ", ".join(f"EXCLUDE {h}" for h in sorted(LOCAL_HOSTS))
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", OFFLINE,
 ]
-LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,3 +50,21 @@ def chromium_or_skip() -> None:
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002
         pass
+
+
+def other_hosts(page, problems: list[str]) -> list[str]:
+    """Watch ``page``: the list it returns fills with every request the page makes to a host other
+    than this machine (each fails: see OFFLINE); were one answered, ``problems`` says so."""
+    found: list[str] = []
+
+    def on_request(request) -> None:
+        if urlsplit(request.url).hostname not in LOCAL_HOSTS and request.url.startswith("http"):
+            found.append(request.url)
+
+    def on_response(response) -> None:
+        if urlsplit(response.url).hostname not in LOCAL_HOSTS and response.url.startswith("http"):
+            problems.append(f"answered from outside this machine (not blocked): {response.url}")
+
+    page.on("request", on_request)
+    page.on("response", on_response)
+    return found

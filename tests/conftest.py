@@ -48,3 +48,16 @@ def browser():
             yield chromium
         finally:
             chromium.close()
+
+
+@pytest.fixture(scope="session")
+def book_tabs(browser):
+    """One browser context for this worker's pages of the book, each test in a tab of its own:
+    a page's scripts, fonts and MathJax's compiled code come from the cache after the first
+    page, as for a reader who opens a second chapter. Tests that route requests (which turns
+    the cache off) or block the book's own files open a context of their own."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        yield context
+    finally:
+        context.close()

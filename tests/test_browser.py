@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from browser_support import LOCAL_HOSTS, ROOT, SCALE
+from browser_support import LOCAL_HOSTS, ROOT, SCALE, other_hosts
 
 
 def _placeholder_in_use() -> bool:
@@ -194,23 +194,17 @@ CJK_GLYPHS = """() => {
 }"""
 
 
-def _open(browser, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> dict:
-    """Open one page at 1280 px with only local requests allowed, wait for MathJax, and return
+def _open(tabs, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> dict:
+    """Open one page at 1280 px in a tab of ``tabs`` (the worker's browser context, which reaches
+    this machine only), wait for MathJax, and return
     what the checks read from it (and from ``extra``: {key: JavaScript function}), the requests
     blocked and the problems the browser reported."""
     problems: list[str] = []
-    blocked: list[str] = []
-
-    def route(r):
-        host = urlsplit(r.request.url).hostname
-        if host in LOCAL_HOSTS:
-            r.continue_()
-        else:
-            blocked.append(r.request.url)
-            r.abort("blockedbyclient")
 
     def on_console(msg):
-        if msg.type == "error":
+        # The browser asks the server root for /favicon.ico by itself; the book has none.
+        where = urlsplit(msg.location.get("url", ""))
+        if msg.type == "error" and not (where.hostname in LOCAL_HOSTS and where.path == "/favicon.ico"):
             problems.append(f"console error: {msg.text} ({msg.location.get('url', '')})")
 
     def on_request_failed(req):
@@ -221,9 +215,8 @@ def _open(browser, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -
         if urlsplit(resp.url).hostname in LOCAL_HOSTS and resp.status >= 400:
             problems.append(f"HTTP {resp.status}: {resp.url}")
 
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.route("**/*", route)
-    page = context.new_page()
+    page = tabs.new_page()
+    blocked = other_hosts(page, problems)
     page.on("console", on_console)
     page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
     page.on("requestfailed", on_request_failed)
@@ -250,7 +243,7 @@ def _open(browser, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -
         shot = tmp_path / f"{name.replace('/', '__')}.png"
         page.screenshot(path=str(shot), full_page=os.environ.get("LABKIT_FULL_SCREENSHOTS") == "1")
     finally:
-        context.close()
+        page.close()
     print(f"{name}: {found['math']['count']} math elements; blocked non-local requests: "
           f"{blocked}; screenshot {shot}")
     assert shot.stat().st_size > 0
@@ -291,18 +284,18 @@ def _check_language_link(name: str, found: dict, expected_url: str) -> None:
     assert link[0]["status"] == 200 and link[0]["visible"], f"{name}: language link {link[0]}"
 
 
-def test_page_renders_offline(browser, site, toc_page, tmp_path):
-    found = _open(browser, f"{site}/{toc_page}.html", toc_page, tmp_path,
+def test_page_renders_offline(book_tabs, site, toc_page, tmp_path):
+    found = _open(book_tabs, f"{site}/{toc_page}.html", toc_page, tmp_path,
                   {"language_link": LANGUAGE_LINK})
     _check_common(toc_page, found, "Not yet published")
     _check_language_link(toc_page, found, f"{site}/zh/{toc_page}.html")
 
 
-def test_chinese_page_renders_offline(browser, site, toc_page, tmp_path):
+def test_chinese_page_renders_offline(book_tabs, site, toc_page, tmp_path):
     """The same checks on the Chinese edition's page, and: its Chinese text is drawn with real
     glyphs (a CJK font), and its language link leads back to the English page."""
     name = f"zh/{toc_page}"
-    found = _open(browser, f"{site}/zh/{toc_page}.html", name, tmp_path,
+    found = _open(book_tabs, f"{site}/zh/{toc_page}.html", name, tmp_path,
                   {"language_link": LANGUAGE_LINK, "cjk": CJK_GLYPHS})
     _check_common(name, found, "尚未发布")
     _check_language_link(name, found, f"{site}/{toc_page}.html")
@@ -329,21 +322,21 @@ SEARCH_RESULTS = r"""() => Array.from(document.querySelectorAll('#search-results
     ("zh/", "流水线并行", "chapters/06_pipeline"),
     ("", "accumulation", "chapters/04_accumulation"),
 ])
-def test_search_finds_the_page(browser, site, edition, term, page):
+def test_search_finds_the_page(book_tabs, site, edition, term, page):
     """The book's search page, in the same browser: a term finds the page that teaches it, in
     both editions (the Chinese one needs jieba and the glossary's words, _ext/i18n_edition.py)."""
     from urllib.parse import quote
 
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.route("**/*", lambda r: r.continue_() if urlsplit(r.request.url).hostname in
-                  LOCAL_HOSTS else r.abort("blockedbyclient"))
-    tab = context.new_page()
+    tab = book_tabs.new_page()
+    problems: list[str] = []
+    outside = other_hosts(tab, problems)
     try:
         tab.goto(f"{site}/{edition}search.html?q={quote(term)}", wait_until="load",
                  timeout=60_000)
         tab.wait_for_function(SEARCH_DONE, timeout=30_000)
         found = tab.evaluate(SEARCH_RESULTS)
     finally:
-        context.close()
+        tab.close()
+    assert not outside and not problems, f"{term!r}: requests outside the book: {outside} {problems}"
     assert any(href.split("?")[0].split("#")[0].endswith(f"{page}.html") for href in found), (
         f"searching {term!r} in {edition or 'the English edition'} does not find {page}: {found}")

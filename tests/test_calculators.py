@@ -309,16 +309,15 @@ def _shown(calc, want: dict, timeout: float = 30.0, progress: set | None = None)
     return values
 
 
-def _open(browser, url: str, problems: list, requests: list, route=None):  # noqa: F811
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    if route is not None:
-        context.route("**/*", route)
-    page = context.new_page()
+def _open(tabs, url: str, problems: list, requests: list):
+    """A new tab of ``tabs`` (the worker's context, conftest.book_tabs, or a test's own) at
+    ``url``, its requests and problems recorded; close the tab when done."""
+    page = tabs.new_page()
     page.on("request", lambda r: requests.append(r.url))
     page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
     page.on("console", lambda m: _console(m, problems))
     page.goto(url, wait_until="load", timeout=60_000 * SCALE)
-    return context, page
+    return page
 
 
 def _console(msg, problems: list) -> None:
@@ -376,9 +375,9 @@ def test_every_calculator_is_tested(built_book):
 
 
 @pytest.mark.parametrize("kind", sorted(PAGES))
-def test_calculator_shows_labkits_numbers(browser, site, kind):  # noqa: F811
+def test_calculator_shows_labkits_numbers(book_tabs, site, kind):
     problems, requests = [], []
-    context, page = _open(browser, f"{site}/{PAGES[kind]}.html", problems, requests)
+    page = _open(book_tabs, f"{site}/{PAGES[kind]}.html", problems, requests)
     try:
         _ready(page)
         calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
@@ -396,7 +395,7 @@ def test_calculator_shows_labkits_numbers(browser, site, kind):  # noqa: F811
         if kind == "plans":  # the sweep (seconds in the page) says how far it is as it runs
             assert any(re.fullmatch(r"computing: \d+ of \d+ layouts sized", t) for t in progress), progress
     finally:
-        context.close()
+        page.close()
     outside = [u for u in requests if urlsplit(u).hostname not in LOCAL_HOSTS]
     assert not outside, f"{kind}: requests outside the book: {outside}"
     assert not problems, "\n".join(problems)
@@ -413,7 +412,9 @@ def test_calculator_works_from_file_without_network(browser, built_book):  # noq
         else:
             r.abort("blockedbyclient")
 
-    context, page = _open(browser, url, problems, requests, route)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.route("**/*", route)  # its own context: a route turns the HTTP cache off
+    page = _open(context, url, problems, requests)
     try:
         _ready(page)
         calc = page.locator('.labkit-calc[data-kind="kv"]').first
@@ -556,7 +557,7 @@ def _words_shown(calc) -> list:
 
 
 @pytest.mark.parametrize("lang", ["zh_CN", "en"])
-def test_calculators_speak_the_pages_language(browser, standalone, lang):  # noqa: F811
+def test_calculators_speak_the_pages_language(book_tabs, standalone, lang):
     """Each calculator on a page of each language: the numbers are labkit's, every message is
     rendered from data in the page's language (a refusal from the error's kind and fields, why
     nothing fits from the planner's overflows), and a Chinese page shows no English word outside
@@ -564,7 +565,7 @@ def test_calculators_speak_the_pages_language(browser, standalone, lang):  # noq
     from test_i18n import english_words, kept_latin
 
     problems, requests = [], []
-    context, page = _open(browser, standalone[lang], problems, requests)
+    page = _open(book_tabs, standalone[lang], problems, requests)
     kept, cjk = kept_latin(), re.compile(r"[\u4e00-\u9fff]")
     try:
         _ready(page)
@@ -596,12 +597,12 @@ def test_calculators_speak_the_pages_language(browser, standalone, lang):  # noq
                     assert not chinese, f"{kind} {inputs}: Chinese on the English page: {chinese}"
         assert seen == {"ok", "error", "reason"}, seen
     finally:
-        context.close()
+        page.close()
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("kind", ["training", "plans", "kv"])
-def test_chinese_edition_calculator_speaks_chinese(browser, site, kind):  # noqa: F811
+def test_chinese_edition_calculator_speaks_chinese(book_tabs, site, kind):
     """The calculator on its Chinese page (the built book's zh/ edition, <html lang> from Sphinx's
     ``language``) shows its labels and results in Chinese, with no English word outside the
     glossary's kept list; the pasted config.json files show labkit's numbers, or its refusal in
@@ -609,7 +610,7 @@ def test_chinese_edition_calculator_speaks_chinese(browser, site, kind):  # noqa
     from test_i18n import english_words, kept_latin
 
     problems, requests, texts, errors = [], [], [], []
-    context, page = _open(browser, f"{site}/zh/{PAGES[kind]}.html", problems, requests)
+    page = _open(book_tabs, f"{site}/zh/{PAGES[kind]}.html", problems, requests)
     try:
         _ready(page)
         calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
@@ -620,7 +621,7 @@ def test_chinese_edition_calculator_speaks_chinese(browser, site, kind):  # noqa
             errors += [expected["error"]] if "error" in expected else []
             texts += [t for t in _words_shown(calc) if t.strip()]
     finally:
-        context.close()
+        page.close()
     assert any(re.search(r"[\u4e00-\u9fff]", t) for t in texts), texts
     english = {t: w for t in texts if (w := english_words(t, kept_latin()))}
     assert not english, f"zh {kind}: English in the calculator: {english}"
