@@ -1,7 +1,7 @@
 """What the browser tests share: Chromium's path and flags, the hosts a page may reach, and how
 much longer to wait on a loaded machine. The fixtures that start Chromium and serve the built book
-(``browser``, ``site``) live in tests/conftest.py, once per session: one Chromium for the pages and
-the calculators."""
+(``browser``, ``book_tabs``, ``site``) live in tests/conftest.py, once per session: one Chromium and
+one browser context for the pages and the calculators, a tab for each test."""
 
 from __future__ import annotations
 
