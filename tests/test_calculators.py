@@ -316,7 +316,11 @@ def _open(tabs, url: str, problems: list, requests: list):
     page.on("request", lambda r: requests.append(r.url))
     page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
     page.on("console", lambda m: _console(m, problems))
-    page.goto(url, wait_until="load", timeout=60_000 * SCALE)
+    try:
+        page.goto(url, wait_until="load", timeout=60_000 * SCALE)
+    except BaseException:
+        page.close()  # the worker's context keeps no tab of a failed test
+        raise
     return page
 
 
