@@ -18,6 +18,7 @@ import os
 import queue as queue_mod
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -58,15 +59,14 @@ _IMPORT_TIME_ENV = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
 # What the server imports once for all its ranks: torch, labkit, and what a rank would otherwise
 # import on its own at first use, each rank again. torch._dynamo alone, which torch imports when a
 # collective or an optimizer is first called, costs a rank about a second of CPU (it brings sympy
-# and Triton's front end); DTensor, FSDP2, pipelining and checkpointing half a second each. A name
+# and Triton's front end); DTensor, FSDP2 and checkpointing about half a second each. Every module
+# of labkit.runs (what ranks run) is read from the folder, so a new one is preloaded too. A name
 # that cannot be imported here is skipped by the server.
 _PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor",
             "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed.checkpoint",
             "labkit", "labkit.dist", "labkit.model", "labkit.memory", "labkit.parallel",
-            *(f"labkit.runs.{m}" for m in ("accumulate", "context_parallel", "expert_parallel",
-                                            "parallel3d", "pipeline", "planning", "tensor_parallel",
-                                            "tensor_parallel_ref", "tensor_parallel_train", "zero",
-                                            "zero_reference"))]
+            *sorted(f"labkit.runs.{p.stem}" for p in (Path(__file__).parent / "runs").glob("*.py")
+                    if p.stem != "__init__")]
 _server_env: dict | None = None
 
 

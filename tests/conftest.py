@@ -1,13 +1,9 @@
 """Fixtures shared by labkit's tests, and the browser session of the book's tests."""
 
-import functools
-import http.server
-import threading
-
 import pytest
 import torch
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS, QuietHandler, chromium_or_skip
+from browser_support import CHROMIUM, CHROMIUM_ARGS, chromium_or_skip, serving
 
 
 @pytest.fixture(autouse=True)
@@ -24,16 +20,8 @@ def site(built_book):
     """Serve the built HTML on 127.0.0.1 at a port the OS picks (held while serving); yield its URL."""
     if built_book.returncode != 0:
         pytest.fail(f"the book did not build:\n{built_book.log[-3000:]}")
-    handler = functools.partial(QuietHandler, directory=str(built_book.html))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serving(built_book.html) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from browser_support import LOCAL_HOSTS, ROOT, SCALE, other_hosts
+from browser_support import LOCAL_HOSTS, ROOT, SCALE, other_hosts, serving
 
 
 def _placeholder_in_use() -> bool:
@@ -346,28 +346,18 @@ def test_no_host_but_this_machine_is_reached(book_tabs, tmp_path):
     """The offline rule holds in the pages' own context: a script served on this machine loads
     from 127.0.0.1, and the same script asked for under another name (book.localhost, which
     Chromium would otherwise resolve to this machine itself) is caught and not loaded."""
-    import functools
-    import http.server
-    import threading
-
-    from browser_support import QuietHandler
-
     (tmp_path / "x.js").write_text("window.reached = (window.reached || 0) + 1;")
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(tmp_path)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    tab = book_tabs.new_page()
-    problems: list[str] = []
-    outside = other_hosts(tab, problems)
-    try:
-        tab.set_content(f'<script src="http://127.0.0.1:{port}/x.js"></script>'
-                        f'<script src="http://book.localhost:{port}/x.js"></script>',
-                        wait_until="load", timeout=60_000 * SCALE)
-        reached = tab.evaluate("() => window.reached || 0")
-    finally:
-        tab.close()
-        server.shutdown()
-        server.server_close()
+    with serving(tmp_path) as url:
+        port = urlsplit(url).port
+        tab = book_tabs.new_page()
+        problems: list[str] = []
+        outside = other_hosts(tab, problems)
+        try:
+            tab.set_content(f'<script src="http://127.0.0.1:{port}/x.js"></script>'
+                            f'<script src="http://book.localhost:{port}/x.js"></script>',
+                            wait_until="load", timeout=60_000 * SCALE)
+            reached = tab.evaluate("() => window.reached || 0")
+        finally:
+            tab.close()
     assert reached == 1, f"{reached} of the two scripts ran (only the one from 127.0.0.1 should)"
     assert outside == [f"http://book.localhost:{port}/x.js"] and not problems, (outside, problems)
