@@ -87,8 +87,9 @@ def _rank_context():
     return ctx
 
 
-def _default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def _default_backend(local_ranks: int = 1) -> str:
+    """NCCL when this machine has a CUDA GPU for each of its ``local_ranks`` ranks, else gloo."""
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_ranks else "gloo"
 
 
 def rank_device() -> torch.device:
@@ -119,7 +120,7 @@ def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, result
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
         if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+            torch.cuda.set_device(rank)  # launch() checked that there is a GPU for each rank
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)  # the parent's
         try:
@@ -184,18 +185,25 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout_s: fl
     ``fn`` must be importable (defined in a module, not in a notebook cell) and return
     something picklable; tensors in it come back on the CPU. ``timeout_s`` bounds every
     collective; ``join_timeout_s`` (default ``timeout_s + 60``) bounds the whole run, once more on
-    a busy machine; both are multiplied by :func:`timeout_scale`. Under torchrun, runs ``fn`` here
-    and returns ``[result]`` of this rank.
+    a busy machine; both are multiplied by :func:`timeout_scale`. ``backend=None`` takes NCCL
+    when there is a CUDA GPU for each rank, else gloo. Under torchrun, runs ``fn`` here and
+    returns ``[result]`` of this rank.
     """
     check_int("world_size", world_size, 1)
     check_positive("timeout_s", timeout_s)  # a negative timedelta would crash inside c10d
     if join_timeout_s is not None:
         check_positive("join_timeout_s", join_timeout_s)
-    backend = check_choice("backend", backend or _default_backend(), ("gloo", "nccl"))
-    if backend == "nccl" and torch.cuda.device_count() == 0:
-        raise ValueError("backend='nccl' needs CUDA GPUs and none is available; use backend='gloo' "
-                         "(CPU processes) or None (NCCL when CUDA is there, else gloo)")
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # already inside torchrun
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # then torchrun placed the ranks
+    backend = check_choice("backend", backend or _default_backend(1 if torchrun else world_size),
+                           ("gloo", "nccl"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    instead = "use backend='gloo' (CPU processes) or None (NCCL when there is a GPU for each rank, else gloo)"
+    if backend == "nccl" and gpus == 0:
+        raise ValueError(f"backend='nccl' needs CUDA GPUs and none is available; {instead}")
+    if backend == "nccl" and not torchrun and gpus < world_size:  # NCCL refuses two ranks on one GPU
+        raise ValueError(f"backend='nccl' puts each rank on a GPU of its own: world_size={world_size} "
+                         f"needs {world_size} CUDA GPUs and {gpus} are visible; {instead}")
+    if torchrun:
         rank, ws = init_from_env(backend, timeout_s)
         if ws != world_size:
             raise ValueError(f"world_size={world_size} but torchrun started WORLD_SIZE={ws}")

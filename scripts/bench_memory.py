@@ -46,7 +46,8 @@ def measure(precision, optimizer, b, s, n_layer, dropout, device):
     batch = next(batches(b, s, device=device))
     measure_step(model, opt, batch)  # step 1 creates the optimizer states
     report = measure_step(model, opt, batch)
-    states = model_state_bytes(count_params(cfg), precision, optimizer, n_tensors=len(list(model.parameters())))
+    states = model_state_bytes(count_params(cfg), precision, optimizer, n_tensors=len(list(model.parameters())),
+                               device_type=device.type)  # on CUDA, Adam's step counters are host memory
     acts = activation_bytes(cfg, b, dtype_bytes=model_dtype(precision).itemsize, device_type=device.type)
     measured = {"params": report.max_by_category["parameters"], "grads": report.max_by_category["gradients"],
                 "optimizer": report.max_by_category["optimizer"], "activations": report.activations}

@@ -11,6 +11,7 @@ import torch
 
 import dist_workers
 from labkit.dist import CommCounter, DistributedError, launch, rendezvous_store
+from labkit import dist as dist_mod
 
 
 def _alive(pids):
@@ -137,6 +138,15 @@ def test_launch_refuses_what_spawned_ranks_cannot_import():
 def test_nccl_without_cuda_says_so():
     with pytest.raises(ValueError, match=r"backend='nccl' needs CUDA GPUs and none is available"):
         launch(dist_workers.rank_and_pid, 2, backend="nccl")
+
+
+def test_nccl_with_fewer_gpus_than_ranks_is_refused_and_the_default_is_gloo(monkeypatch):
+    """NCCL refuses two ranks on one GPU (on a 1-GPU Colab, say), so launch() does not try."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"world_size=2 needs 2 CUDA GPUs and 1 are visible"):
+        launch(dist_workers.rank_and_pid, 2, backend="nccl")
+    assert dist_mod._default_backend(2) == "gloo" and dist_mod._default_backend(1) == "nccl"
 
 
 def test_counter_counts_nothing_without_collectives():

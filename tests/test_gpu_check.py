@@ -97,3 +97,14 @@ def test_a_step_is_stopped_at_its_cap_and_a_spent_budget_runs_nothing():
     late = gpu_check.Step("late", [sys.executable, "-c", "print('ran')"])
     gpu_check.run_step(late, deadline=time.monotonic() - 1)
     assert late.outcome == "not run (time budget spent)" and late.output == ""
+
+
+def test_failed_tests_are_named_from_the_summary_or_from_verbose_lines():
+    summary = ("FAILED labs/04_accumulation.ipynb::Cell 11@nbval - Notebook cell execution failed\n"
+               "ERROR tests/test_x.py::test_b - RuntimeError\n12 failed, 182 passed in 131.36s\n")
+    cut_short = ("tests/test_a.py::test_cuda_one PASSED  [  6%]\n"
+                 "tests/test_a.py::test_cuda_two FAILED  [ 12%]\n(timed out after 240 s)\n")
+    assert gpu_check.failed_tests(summary) == ["labs/04_accumulation.ipynb::Cell 11@nbval",
+                                               "tests/test_x.py::test_b"]
+    assert gpu_check.failed_tests(cut_short) == ["tests/test_a.py::test_cuda_two"]
+    assert gpu_check.failed_tests("3 passed in 1.0s\n") == []
