@@ -7,7 +7,8 @@
   making it use more of it, and a test that waits on forked ranks uses almost none.
 - `score_variants(autograder_zip, solution_nb, variants)` grades answer variants (a solution with
   one function rewritten) with otter's own test classes in one process, without a kernel per
-  variant: tests/test_exercises.py uses it to show that each plausible wrong answer loses points.
+  variant: tests/test_exercises.py uses it to show that each plausible wrong answer loses points,
+  through `python exercise_checks.py --serve` (`serve`), one process a test worker.
 """
 
 import importlib.util
@@ -149,9 +150,30 @@ def score_variants(autograder_zip, solution_nb, variants):
     return {"solution": solution, "variants": [run(q, code) for q, code in variants]}
 
 
-if __name__ == "__main__":  # python exercise_checks.py JOBS.json OUT.json
-    import sys
+def serve(lines):
+    """Score one job a line, as they come, in this process (otter and torch are imported once):
+    [autograder_zip, solution_nb, variants, out_json, folder]. Runs in ``folder``; writes the
+    scores (or {"error": the traceback}) to out_json through a temporary file and a rename, so a
+    reader that sees the file sees all of it, and nothing the notebooks print can garble it."""
+    import os
+    import traceback
 
+    for line in lines:
+        autograder_zip, solution_nb, variants, out, folder = json.loads(line)
+        os.chdir(folder)
+        try:
+            result = score_variants(autograder_zip, solution_nb, variants)
+        except Exception:  # this job's error, reported in its file; the next job still runs
+            result = {"error": traceback.format_exc()}
+        with open(out + ".tmp", "w") as f:
+            json.dump(result, f)
+        os.replace(out + ".tmp", out)
+
+
+if __name__ == "__main__":  # python exercise_checks.py JOBS.json OUT.json, or --serve (jobs on stdin)
+    if sys.argv[1:] == ["--serve"]:
+        serve(sys.stdin)
+        sys.exit(0)
     # JOBS: [[autograder_zip, solution_nb, variants], ...], one per chapter, graded in one process
     jobs = json.loads(open(sys.argv[1]).read())
     with open(sys.argv[2], "w") as f:

@@ -899,20 +899,50 @@ def _error_line(failure: str) -> str:
 _SCORED: dict = {}
 
 
+@pytest.fixture(scope="session")
+def scorer(exercises_tmp):
+    """One ``exercise_checks.py --serve`` process for this worker's chapters: it imports otter and
+    torch once (about 4 CPU-seconds), not once a chapter; ended when the session ends."""
+    log = exercises_tmp / "scorer.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(CHECKS), "--serve"], stdin=subprocess.PIPE,
+                                stdout=out, stderr=subprocess.STDOUT, text=True, cwd=exercises_tmp)
+    try:
+        yield proc, log
+    finally:
+        proc.stdin.close()  # end of input: it returns
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture
-def variant_scores(built, chapter, exercises_tmp) -> dict:
-    """The chapter's solution and its wrong answers scored in one process (once per process)."""
+def variant_scores(built, chapter, exercises_tmp, scorer) -> dict:
+    """The chapter's solution and its wrong answers scored by the worker's scorer (once a chapter)."""
     if chapter not in _SCORED:
+        proc, log = scorer
         work = exercises_tmp / f"variants-{chapter}"
         work.mkdir()
-        jobs = [[str(built["zip"]), str(built["dist"] / chapter / "autograder" / f"{chapter}.ipynb"),
-                 [(q, code) for c, q, _, _, code in WRONG_ANSWERS if c == chapter]]]
-        (work / "jobs.json").write_text(json.dumps(jobs))
-        proc = subprocess.run([sys.executable, str(CHECKS), str(work / "jobs.json"),
-                               str(work / "scores.json")], capture_output=True, text=True,
-                              timeout=600, cwd=work)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        _SCORED[chapter] = json.loads((work / "scores.json").read_text())[0]
+        out = work / "scores.json"
+        job = [str(built["zip"]), str(built["dist"] / chapter / "autograder" / f"{chapter}.ipynb"),
+               [(q, code) for c, q, _, _, code in WRONG_ANSWERS if c == chapter], str(out), str(work)]
+        proc.stdin.write(json.dumps(job) + "\n")
+        proc.stdin.flush()
+        limit = 600 * ex.load_factor()
+        deadline = time.monotonic() + limit
+        while not out.exists():
+            assert proc.poll() is None, f"the scorer ended (exit status {proc.returncode}):\n" \
+                                        f"{log.read_text(errors='replace')[-4000:]}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"scoring {chapter}'s wrong answers took over {limit:g} s (600 s times the "
+                            f"load per core, {ex.load_factor():.1f}): a busy machine, or a variant "
+                            f"that loops?\n{log.read_text(errors='replace')[-4000:]}")
+            time.sleep(0.05)
+        result = json.loads(out.read_text())
+        assert "error" not in result, f"scoring {chapter}'s wrong answers failed:\n{result.get('error')}"
+        _SCORED[chapter] = result
     return _SCORED[chapter]
 
 

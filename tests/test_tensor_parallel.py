@@ -42,8 +42,12 @@ def within_roundoff(pair, what=""):
 
 
 @pytest.fixture(scope="module")
-def runs():
-    return launch(tp_checks, 4, CFG, **GLOO)
+def runs(request):
+    """One launch for the file; when a run selects only its round-off tests (``-m roundoff``, the
+    re-run of tests/test_cross_machine.py), only what those read."""
+    mine = [item for item in request.session.items if item.path == request.path]
+    roundoff_only = bool(mine) and all(item.get_closest_marker("roundoff") for item in mine)
+    return launch(tp_checks, 4, CFG, roundoff_only=roundoff_only, **GLOO)
 
 
 # the roundoff mark (re-run under another CPU kernel setting): the cheapest case of each equivalence

@@ -129,8 +129,13 @@ def _more_refusals(cfg):
     return out
 
 
-def tp_checks(rank, world_size, cfg):
-    """tp_size 2 (two groups) and 4, with and without SP; plain loops; the 2 x 2 TP x ZeRO-1 runs."""
+def tp_checks(rank, world_size, cfg, roundoff_only=False):
+    """tp_size 2 (two groups) and 4, with and without SP; plain loops; the 2 x 2 TP x ZeRO-1 runs.
+    ``roundoff_only``: only what the file's round-off tests read (t = 2 and the SP runs)."""
+    if roundoff_only:
+        return {"tp": tp_rank(rank, world_size, cfg, tp_sizes=(2,), dtensor=False, recomputes=()),
+                "train": {True: tp_train_rank(rank, world_size, cfg, sequence_parallel=True)},
+                "zero1": {True: tp_zero1_rank(rank, world_size, cfg, sequence_parallel=True)}}
     out = {"tp": tp_rank(rank, world_size, cfg, tp_sizes=(2, 4))}
     out["train"] = {sp: tp_train_rank(rank, world_size, cfg, sequence_parallel=sp) for sp in (True, False)}
     out["zero1"] = {sp: tp_zero1_rank(rank, world_size, cfg, sequence_parallel=sp) for sp in (False, True)}
