@@ -170,11 +170,7 @@ def serve(lines):
         os.replace(out + ".tmp", out)
 
 
-if __name__ == "__main__":  # python exercise_checks.py JOBS.json OUT.json, or --serve (jobs on stdin)
-    if sys.argv[1:] == ["--serve"]:
-        serve(sys.stdin)
-        sys.exit(0)
-    # JOBS: [[autograder_zip, solution_nb, variants], ...], one per chapter, graded in one process
-    jobs = json.loads(open(sys.argv[1]).read())
-    with open(sys.argv[2], "w") as f:
-        json.dump([score_variants(*job) for job in jobs], f)
+if __name__ == "__main__":  # python exercise_checks.py --serve (jobs on stdin, a line each)
+    if sys.argv[1:] != ["--serve"]:
+        sys.exit(f"usage: {sys.argv[0]} --serve  (one JSON job a line on stdin; see serve())")
+    serve(sys.stdin)

@@ -5,7 +5,7 @@ without otter's own grading of the solutions: the first test here grades them), 
 solutions, an untouched student notebook, a submission with broken answers (a syntax error, a
 function that loops when the tests call it, a cell that raises), and an endless loop with
 scripts/exercises.py grade; scores plausible wrong answers against the hidden tests with otter's
-own test classes (scripts/exercise_checks.py, one process per chapter) and checks that each loses
+own test classes (scripts/exercise_checks.py, one process a worker) and checks that each loses
 exactly the points of the rules it breaks; checks statically that every answer cell stands alone
 and every hidden assertion says what it expected. Each chapter is an xdist group of its own, so
 under `-n 2 --dist loadgroup` the two workers share the chapters and none is built twice.
