@@ -19,7 +19,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from labkit.model import GPTConfig, build_model, training_flops
 from labkit.pipeline import (Action, bubble_fraction, build_chunks, comm, exchange_tied_grad,
                              make_schedule, max_in_flight, p2p_messages, peak_in_flight, run_schedule,
-                             schedule_1f1b, schedule_gpipe, schedule_interleaved, simulate, split_stages)
+                             replay, schedule_1f1b, schedule_gpipe, schedule_interleaved, simulate,
+                             split_stages)
+from labkit.pipeline.simulate import Timeline
 from labkit.runs.parallel3d import train_3d
 
 F, B = (lambda i, c=0: Action("F", i, c)), (lambda i, c=0: Action("B", i, c))
@@ -69,6 +71,28 @@ def test_interleaving_cuts_the_bubble_and_costs_v_times_the_messages():
     assert bubble_fraction(4, 8, "interleaved", 2) < bubble_fraction(4, 8, "1f1b")
     assert p2p_messages(4, 8, 2) > 2 * p2p_messages(4, 8) - 1  # 2m(vp - 1) against 2m(p - 1)
     assert simulate(schedule_interleaved(4, 8, 1)).bubble == simulate(schedule_1f1b(4, 8)).bubble
+
+
+def test_replay_keeps_a_timeline_and_waits_for_a_stretched_action():
+    sched = make_schedule("gpipe", 4, 8)
+    tl = simulate(sched, 1.0, 2.0)
+    again = replay(tl, sched)
+    assert again.events == tl.events  # the durations it was built from: the same timeline
+    # stretch the last stage's first forward by 0.5 s: it lies on GPipe's critical path (F0
+    # down the stages, the last stage's forwards and backwards, B7 back up), so the step ends
+    # 0.5 s later, while rank 0's forwards, which wait for nothing, keep their times
+    events = [list(ev) for ev in tl.events]
+    a, start, end = events[3][0]
+    events[3][0] = (a, start, end + 0.5)
+    late = replay(Timeline(events), sched)
+    assert late.makespan == pytest.approx(tl.makespan + 0.5, abs=1e-12)
+    assert [e[1] for e in late.events[0][:8]] == [e[1] for e in tl.events[0][:8]]  # rank 0's forwards
+    with_comm = replay(tl, sched, comm_cost=0.25)  # 2 (p - 1) messages on the critical path
+    assert with_comm.makespan == pytest.approx(tl.makespan + 6 * 0.25, abs=1e-12)
+    with pytest.raises(ValueError, match="different actions"):
+        replay(tl, make_schedule("gpipe", 4, 4))
+    with pytest.raises(TypeError, match="recorded=list"):
+        replay(tl.events, sched)
 
 
 def test_a_deadlocking_schedule_is_refused():

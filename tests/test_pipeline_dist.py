@@ -13,6 +13,8 @@ a float64 result by ~1e-16 of the terms' magnitude, so the bounds below (1e-9 re
 any CPU kernel or GPU, while a lost or doubled micro-batch or rank term moves it by ~1e-3 or more.
 """
 
+import math
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -153,6 +155,10 @@ def test_measured_bubble_is_within_5_percent_of_the_formula(runs):
             tls += [Timeline([r["sleep"][(name, m, v)][i]["events"] for r in more]) for i in range(3)]
         assert abs(measured[name] - want) <= 0.05 * want, (name, measured[name], want, busy_note())
     assert measured["interleaved"] < measured["1f1b"]
+    # rank 0 timed a message along the chain before and after each step; the others did not
+    costs = [r["sleep"][case][i]["message_s"] for case in SLEEP for r in runs[p] for i in range(3)]
+    assert all((c is None) == (k % (3 * p) >= 3) for k, c in enumerate(costs)), costs
+    assert all(isinstance(c, float) and 0 < c < math.inf for c in costs if c is not None), costs
 
 
 def test_measured_saved_activations_1f1b_against_gpipe(runs):

@@ -3,7 +3,8 @@
 ``simulate`` starts each action as soon as its rank is free and its input has arrived: the
 forward of micro-batch i at virtual stage k needs its forward at stage k - 1, the backward needs
 the backward at stage k + 1 (the last stage needs its own forward). A schedule that can never
-proceed (a rank waiting on an action that waits on it) raises ``ValueError``.
+proceed (a rank waiting on an action that waits on it) raises ``ValueError``. ``replay``
+simulates a schedule with the durations a recorded run measured for each of its actions.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from .schedules import Action
 
-__all__ = ["Timeline", "simulate"]
+__all__ = ["Timeline", "simulate", "replay"]
 
 
 @dataclass
@@ -88,3 +89,17 @@ def simulate(schedule: list[list[Action]], forward_cost=1.0, backward_cost=2.0,
             stuck = {r: schedule[r][pos[r]] for r in range(p) if pos[r] < len(schedule[r])}
             raise ValueError(f"schedule deadlocks: ranks wait on each other at {stuck}")
     return Timeline(events)
+
+
+def replay(recorded: Timeline, schedule: list[list[Action]], comm_cost=0.0) -> Timeline:
+    """``schedule`` simulated with the durations ``recorded`` measured for each of its actions:
+    the timeline of a runtime that waits for nothing but its inputs (and ``comm_cost`` seconds
+    a message), on the same unequal stages a loaded machine made of the equal ones."""
+    if not isinstance(recorded, Timeline):
+        raise TypeError(f"recorded={type(recorded).__name__}: give a Timeline of a run")
+    took = {(r, a): end - start for r, ev in enumerate(recorded.events) for a, start, end in ev}
+    wanted = {(r, a) for r, acts in enumerate(schedule) for a in acts}
+    if took.keys() != wanted:
+        odd = sorted(took.keys() ^ wanted)[:3]
+        raise ValueError(f"recorded and schedule hold different actions (rank, action): {odd}")
+    return simulate(schedule, lambda r, a: took[(r, a)], lambda r, a: took[(r, a)], comm_cost)

@@ -18,7 +18,7 @@ from ..pipeline import build_chunks, check_same_model, make_schedule, run_schedu
 from ..validate import check_int
 
 __all__ = ["make_batch", "reference_grads", "train_pipeline", "train_plain_loop", "torch_pipelining_losses",
-           "sleep_pipeline", "pipeline_rank", "bench_rank", "SleepChunk"]
+           "sleep_pipeline", "chain_message_s", "pipeline_rank", "bench_rank", "SleepChunk"]
 
 
 def make_batch(cfg: GPTConfig, global_batch: int, seed: int = 0):
@@ -167,7 +167,9 @@ def _sum_loss(y, target):
 
 
 def sleep_pipeline(rank, pp_size, schedule, num_microbatches, v=1, fwd_s=0.02, bwd_s=0.04):
-    """Run a schedule on chunks of controlled cost (split evenly over v chunks); return events."""
+    """Run a schedule on chunks of controlled cost (split evenly over v chunks); return its events,
+    its peak of live micro-batches and, on rank 0, ``message_s``: a message's cost measured just
+    before and just after the step (:func:`chain_message_s`, the mean of the two)."""
     m = check_int("num_microbatches", num_microbatches, 1)
     import torch.distributed as dist
 
@@ -175,10 +177,37 @@ def sleep_pipeline(rank, pp_size, schedule, num_microbatches, v=1, fwd_s=0.02, b
     dev = rank_device()
     inputs = [torch.ones(1, 4, device=dev, requires_grad=True) for _ in range(m)]
     actions = make_schedule(schedule, pp_size, m, v)[rank]
+    before = chain_message_s(rank, pp_size)
     dist.barrier()  # start together: the step's clock starts here on every rank
     res = run_schedule(chunks, actions, rank=rank, pp_size=pp_size, inputs=inputs, targets=[None] * m,
                        loss_fn=_sum_loss, act_shape=(1, 4), device=dev, count_saved=False)
-    return {"events": res.events, "peak_live": res.peak_live}
+    after = chain_message_s(rank, pp_size)
+    message_s = None if before is None else (before + after) / 2
+    return {"events": res.events, "peak_live": res.peak_live, "message_s": message_s}
+
+
+def chain_message_s(rank, pp_size, rounds=3):
+    """Seconds one message between neighbouring stages costs now: a token passed along the chain
+    0 -> p-1 -> 0, ``rounds`` times, timed on rank 0 (which returns the mean per message; the other
+    ranks return None). These are the messages on a GPipe step's critical path, 2 (p - 1) of them,
+    each received by a rank that waits for it; the cost includes the machine's load at the time."""
+    import torch.distributed as dist
+
+    if pp_size == 1:
+        return 0.0 if rank == 0 else None
+    box = torch.zeros(1, device=rank_device())
+    start = time.perf_counter()
+    for _ in range(rounds):
+        if rank > 0:
+            dist.recv(box, src=rank - 1)
+        if rank < pp_size - 1:
+            dist.send(box, dst=rank + 1)
+            dist.recv(box, src=rank + 1)
+        if rank > 0:
+            dist.send(box, dst=rank - 1)
+    if rank != 0:
+        return None
+    return (time.perf_counter() - start) / (2 * (pp_size - 1) * rounds)
 
 
 def _connect_ring(rank, world_size):
