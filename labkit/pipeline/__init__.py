@@ -2,9 +2,9 @@
 
 ``schedules``: GPipe, 1F1B and interleaved 1F1B as per-rank action lists; ``simulate``: a
 timeline from a schedule and costs (``replay``: with a recorded run's durations); ``split``:
-stage ranges and the chunks a rank holds; ``comm``: the point-to-point messages, the tied embedding's exchange and the same-model check;
-``runtime``: a schedule executed over real ranks; ``analytic``: bubble and in-flight formulas;
-``gantt``: a timeline drawn per rank.
+stage ranges and the chunks a rank holds; ``comm``: the point-to-point messages, the tied
+embedding's exchange and the same-model check; ``runtime``: a schedule executed over real ranks;
+``analytic``: bubble and in-flight formulas; ``gantt``: a timeline drawn per rank.
 
 ``analytic`` and ``schedules`` import no torch and are loaded at once; the rest on first use.
 """

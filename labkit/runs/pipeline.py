@@ -196,7 +196,13 @@ def chain_message_s(rank, pp_size, rounds=3):
     if pp_size == 1:
         return 0.0 if rank == 0 else None
     box = torch.zeros(1, device=rank_device())
-    start = time.perf_counter()
+
+    def now():  # on a GPU, wait for the queued messages: time what ran, not what was queued
+        if box.is_cuda:
+            torch.cuda.synchronize(box.device)
+        return time.perf_counter()
+
+    start = now()
     for _ in range(rounds):
         if rank > 0:
             dist.recv(box, src=rank - 1)
@@ -207,7 +213,7 @@ def chain_message_s(rank, pp_size, rounds=3):
             dist.send(box, dst=rank - 1)
     if rank != 0:
         return None
-    return (time.perf_counter() - start) / (2 * (pp_size - 1) * rounds)
+    return (now() - start) / (2 * (pp_size - 1) * rounds)
 
 
 def _connect_ring(rank, world_size):
