@@ -13,6 +13,7 @@ stretch (``LABKIT_TIMEOUT_SCALE``, and once more by the load), and say so when t
 from __future__ import annotations
 
 import datetime
+import gc
 import io
 import os
 import queue as queue_mod
@@ -111,6 +112,11 @@ def init_from_env(backend: str | None = None, timeout_s: float = 30.0) -> tuple[
 
 
 def _worker(rank, world_size, port, backend, timeout_s, fn, args, kwargs, results, env):
+    # What the fork server imported (torch, labkit: some 300,000 objects) lives as long as the rank.
+    # Out of the collector's sight, a full collection no longer visits each of them and, by writing
+    # to them, copies the server's memory into this rank page by page: a tenth of the CPU time of
+    # a distributed test, measured (scripts/results/suite_times.md).
+    gc.freeze()
     os.environ.clear()  # the parent's environment now, not the fork server's when it started
     os.environ.update(env)
     # MASTER_* name the parent's store for code that reads them; nothing here binds that port
