@@ -17,6 +17,13 @@ from labkit.busy import busy_note, timeout_scale
 
 ROOT = Path(__file__).resolve().parent
 
+# Idle OpenMP threads sleep instead of spinning (GNU OpenMP, which torch's CPU build uses, spins
+# for a while by default). The processes the suite starts (kernels, ranks, gradings) share a
+# 2-core machine, where a spinning thread holds the core another process needs: two labs run side
+# by side took 62 CPU-s spinning, 45 sleeping (scripts/results/suite_times.md). Thread counts,
+# and so every result, are unchanged. A value already set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # The Chinese labs (scripts/zh_labs.py) are the English ones with translated Markdown, comments
 # and printed text, run: tests/test_i18n.py checks that their code is the English code token for
 # token and that their outputs hold the English outputs' numbers, so nbval need not run them too.

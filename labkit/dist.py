@@ -55,8 +55,8 @@ def rendezvous_store(timeout_s: float = 30.0) -> dist.TCPStore:
 
 # Read by torch (or by the libraries it loads) when it is imported: ranks forked from a server
 # that imported torch under other values would not run as the parent asks, so they are spawned.
-_IMPORT_TIME_ENV = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-                    "TRITON_INTERPRET")
+_IMPORT_TIME_ENV = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS",
+                    "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")
 # What the server imports once for all its ranks: torch, labkit, and what a rank would otherwise
 # import on its own at first use, each rank again. torch._dynamo alone, which torch imports when a
 # collective or an optimizer is first called, costs a rank about a second of CPU (it brings sympy
