@@ -40,7 +40,7 @@ ROUNDOFF_LABS = ("labs/04_accumulation.ipynb",)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """nbval runs a notebook's cells in order in one kernel: send them to one worker. The tests
     that read the built book go last, so that it builds in the background while the rest run,
-    and both workers share them."""
+    and the workers share them."""
     for item in items:
         if item.path.suffix == ".ipynb":
             notebook = item.nodeid.split("::")[0]
@@ -121,7 +121,7 @@ def built_book(request: pytest.FixtureRequest) -> BookBuild:
     """The book, both editions, built once per run exactly as README.md tells a newcomer:
     a clone, a virtual environment made inside it, then the README's build command in that
     environment (tests/book_build.py, started in the background when the tests are collected;
-    the book's tests run last, on both workers, and wait here for it).
+    the book's tests run last, on every worker, and wait here for it).
     """
     out = _start_book_build(request.config)
     result, deadline = out / "result.json", time.monotonic() + 1800 * timeout_scale()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
 HIDDEN_TAGS = {"remove-cell", "remove-output", "remove_cell", "remove_output"}
 
-# The book is built once per run, in the background (conftest.py): both workers read it.
+# The book is built once per run, in the background (conftest.py): every worker reads it.
 
 
 class _Tags(HTMLParser):

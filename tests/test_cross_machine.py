@@ -70,7 +70,7 @@ def _counts(junit: Path) -> dict[str, int]:
     return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
 
 
-# The re-run is cut into shards that the two xdist workers share (each shard is one pytest
+# The re-run is cut into shards that the xdist workers share (each shard is one pytest
 # subprocess); a target's rough cost in seconds on two idle cores balances them, 1 if not listed.
 SHARDS = 3
 COST = {"tests/test_tensor_parallel.py": 16, "labs/04_accumulation.ipynb": 20, "tests/test_llama_techniques.py": 10,

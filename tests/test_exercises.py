@@ -8,7 +8,7 @@ scripts/exercises.py grade; scores plausible wrong answers against the hidden te
 own test classes (scripts/exercise_checks.py, one process a worker) and checks that each loses
 exactly the points of the rules it breaks; checks statically that every answer cell stands alone
 and every hidden assertion says what it expected. Each chapter is an xdist group of its own, so
-under `-n 2 --dist loadgroup` the two workers share the chapters and none is built twice.
+under `-n 3 --dist loadgroup` the workers share the chapters and none is built twice.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LOCALE_DIR = ROOT / "locales" / "zh_CN" / "LC_MESSAGES"
 
-# The book is built once per run, in the background (conftest.py): both workers read it.
+# The book is built once per run, in the background (conftest.py): every worker reads it.
 
 
 def _load(name: str, path: Path):
