@@ -10,12 +10,13 @@ import functools
 import http.server
 import os
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from labkit.busy import timeout_scale
+from labkit.busy import busy_note, timeout_scale
 
 # a loaded machine loads pages slowly: every wait below is this many times longer
 SCALE = timeout_scale()
@@ -34,6 +35,49 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync", OFFLINE,
 ]
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def patiently(what: str, wait, seconds: float):
+    """``wait(timeout_ms)``, a Playwright wait, given ``seconds`` times SCALE; on a busy machine
+    (labkit.busy) once more as long, since a page that loads slowly there is slow, not broken.
+    What it returns, or a failure that says ``what`` did not happen, how long it waited and, on a
+    busy machine, that this is the likely cause and the knob (LABKIT_TIMEOUT_SCALE)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    limit = seconds * SCALE
+    try:
+        return wait(limit * 1000)
+    except PlaywrightTimeout:
+        if not busy_note():
+            pytest.fail(f"{what} within {limit:g} s (the machine is not busy)")
+    try:
+        return wait(limit * 1000)
+    except PlaywrightTimeout:
+        pytest.fail(f"{what} within {limit:g} s and {limit:g} s more: "
+                    f"{busy_note() or 'the machine is no longer busy'}")
+
+
+class Deadline:
+    """A polling wait's limit: ``seconds`` times SCALE, stretched once by as long on a busy
+    machine, as ``patiently`` does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds * SCALE
+        self.at = time.monotonic() + self.seconds
+        self.stretched = False
+
+    def passed(self) -> bool:
+        if time.monotonic() <= self.at:
+            return False
+        if busy_note() and not self.stretched:
+            self.at, self.stretched = time.monotonic() + self.seconds, True
+            return False
+        return True
+
+    def said(self) -> str:
+        """How long it waited, and whether a busy machine is the likely cause."""
+        waited = f"{self.seconds:g} s" + (f" and {self.seconds:g} s more" if self.stretched else "")
+        return f"within {waited} ({busy_note() or 'the machine is not busy'})"
 
 
 def chromium_or_skip() -> None:

@@ -18,12 +18,13 @@ long page costs 1.5-3 s, 48 times a run, and no check reads the picture).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from browser_support import LOCAL_HOSTS, ROOT, SCALE, other_hosts, serving
+from browser_support import LOCAL_HOSTS, ROOT, SCALE, other_hosts, patiently, serving
 
 
 def _placeholder_in_use() -> bool:
@@ -222,24 +223,24 @@ def _open(tabs, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> d
     page.on("requestfailed", on_request_failed)
     page.on("response", on_response)
     try:
-        response = page.goto(url, wait_until="load", timeout=60_000 * SCALE)
+        response = patiently(f"{name}: the page did not load",
+                             lambda ms: page.goto(url, wait_until="load", timeout=ms), 60)
         assert response is not None and response.ok, f"{url}: HTTP error"
 
         has_math = page.evaluate("() => document.querySelectorAll('.math').length > 0")
         if has_math:
-            try:
-                page.wait_for_function(
-                    "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                    timeout=30_000 * SCALE)
-            except Exception:
-                pytest.fail(f"{name}: the page has math but MathJax did not start; "
-                            f"blocked non-local requests: {blocked}")
+            patiently(f"{name}: the page has math but MathJax did not start (blocked non-local "
+                      f"requests: {blocked})",
+                      lambda ms: page.wait_for_function(
+                          "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                          timeout=ms), 30)
             page.evaluate("() => MathJax.startup.promise")
         checks = {"math": FIND_UNTYPESET_MATH, "raw": FIND_RAW_MATH, "broken": FIND_BROKEN_IMAGES,
                   "overflow": FIND_OVERFLOW, "wrapped": FIND_WRAPPED_CODE, "width": PAGE_WIDTH,
                   "nbval": FIND_NBVAL, "banner": BANNER, **extra}
         found = {key: page.evaluate(script) for key, script in checks.items()}
-        page.wait_for_load_state("networkidle", timeout=30_000 * SCALE)
+        patiently(f"{name}: the page's requests did not end",
+                  lambda ms: page.wait_for_load_state("networkidle", timeout=ms), 30)
         shot = tmp_path / f"{name.replace('/', '__')}.png"
         page.screenshot(path=str(shot), full_page=os.environ.get("LABKIT_FULL_SCREENSHOTS") == "1")
     finally:
@@ -331,9 +332,10 @@ def test_search_finds_the_page(book_tabs, site, edition, term, page):
     problems: list[str] = []
     outside = other_hosts(tab, problems)
     try:
-        tab.goto(f"{site}/{edition}search.html?q={quote(term)}", wait_until="load",
-                 timeout=60_000)
-        tab.wait_for_function(SEARCH_DONE, timeout=30_000)
+        url = f"{site}/{edition}search.html?q={quote(term)}"
+        patiently(f"{url} did not load", lambda ms: tab.goto(url, wait_until="load", timeout=ms), 60)
+        patiently(f"searching {term!r} did not finish",
+                  lambda ms: tab.wait_for_function(SEARCH_DONE, timeout=ms), 30)
         found = tab.evaluate(SEARCH_RESULTS)
     finally:
         tab.close()
@@ -361,3 +363,46 @@ def test_no_host_but_this_machine_is_reached(book_tabs, tmp_path):
             tab.close()
     assert reached == 1, f"{reached} of the two scripts ran (only the one from 127.0.0.1 should)"
     assert outside == [f"http://book.localhost:{port}/x.js"] and not problems, (outside, problems)
+
+
+def test_a_slow_page_gets_one_more_wait_on_a_busy_machine_only(monkeypatch):
+    """``patiently``: a Playwright wait that times out is given once more as long when the machine
+    is busy, and fails saying so (and naming the knob) if it times out again; on an idle machine it
+    fails at once, saying the machine is not busy. ``Deadline`` stretches a polling wait alike."""
+    import browser_support
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    def times_out(n):
+        calls = []
+
+        def wait(ms):
+            calls.append(ms)
+            if len(calls) <= n:
+                raise PlaywrightTimeout(f"Timeout {ms}ms exceeded.")
+            return "loaded"
+        return wait, calls
+
+    busy = "this machine is busy (load 9.0 on 2 cores) ... LABKIT_TIMEOUT_SCALE=4"
+    monkeypatch.setattr(browser_support, "busy_note", lambda: busy)
+    wait, calls = times_out(1)
+    assert browser_support.patiently("the page did not load", wait, 2) == "loaded"
+    assert calls == [2000 * browser_support.SCALE] * 2
+    wait, calls = times_out(2)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        browser_support.patiently("the page did not load", wait, 2)
+    assert len(calls) == 2 and "the page did not load within" in str(failed.value)
+    assert "s more: " + busy in str(failed.value)
+    deadline = browser_support.Deadline(0.001)
+    time.sleep(0.05 * browser_support.SCALE)
+    assert not deadline.passed()  # stretched once
+    time.sleep(0.05 * browser_support.SCALE)
+    assert deadline.passed() and "s more (this machine is busy" in deadline.said()
+
+    monkeypatch.setattr(browser_support, "busy_note", lambda: "")
+    wait, calls = times_out(1)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        browser_support.patiently("the page did not load", wait, 2)
+    assert len(calls) == 1 and "(the machine is not busy)" in str(failed.value)
+    deadline = browser_support.Deadline(0.001)
+    time.sleep(0.05 * browser_support.SCALE)
+    assert deadline.passed() and "more" not in deadline.said()

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
-from browser_support import LOCAL_HOSTS, ROOT, SCALE
+from browser_support import LOCAL_HOSTS, ROOT, Deadline, patiently
 
 from labkit.estimate import check_context_len, serving_memory, training_memory
 from labkit.hardware import GPUS
@@ -305,9 +305,8 @@ def _plan_text(name: str, value, lang: str = "en") -> str | None:
 def _shown(calc, want: dict, timeout: float = 30.0, progress: set | None = None) -> dict:
     """Wait until the output was computed from ``want`` (its data-inputs), then read it; into
     ``progress``, what the page said of a sweep under way while it waited."""
-    timeout *= SCALE
     out = calc.locator(".labkit-calc-output")
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         if progress is not None:  # a page frozen by the sweep answers only once it is done
             progress.add(calc.locator(".labkit-calc-progress").inner_text())
@@ -315,8 +314,9 @@ def _shown(calc, want: dict, timeout: float = 30.0, progress: set | None = None)
         state = out.get_attribute("data-state")
         if state in ("ok", "error") and raw and json.loads(raw) == want:
             break
-        if time.monotonic() > deadline:
-            pytest.fail(f"the calculator did not show {want}: data-inputs={raw!r}, state={state}")
+        if deadline.passed():
+            pytest.fail(f"the calculator did not show {want} {deadline.said()}: "
+                        f"data-inputs={raw!r}, state={state}")
         time.sleep(0.1)
     values = out.evaluate("""el => Object.fromEntries(Array.from(
         el.querySelectorAll('.labkit-calc-value')).map(v => [v.dataset.name,
@@ -334,7 +334,7 @@ def _open(tabs, url: str, problems: list, requests: list):
     page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
     page.on("console", lambda m: _console(m, problems))
     try:
-        page.goto(url, wait_until="load", timeout=60_000 * SCALE)
+        patiently(f"{url} did not load", lambda ms: page.goto(url, wait_until="load", timeout=ms), 60)
     except BaseException:
         page.close()  # the worker's context keeps no tab of a failed test
         raise
@@ -348,8 +348,10 @@ def _console(msg, problems: list) -> None:
 
 
 def _ready(page) -> None:
-    page.wait_for_function("() => Array.from(document.querySelectorAll('.labkit-calc'))"
-                           ".every(el => el.dataset.ready === '1')", timeout=LOAD_S * 1000 * SCALE)
+    patiently("the page's calculators did not get ready (Brython compiles labkit in the page)",
+              lambda ms: page.wait_for_function(
+                  "() => Array.from(document.querySelectorAll('.labkit-calc'))"
+                  ".every(el => el.dataset.ready === '1')", timeout=ms), LOAD_S)
 
 
 def _gb(n: int) -> str:
@@ -455,7 +457,8 @@ def test_page_says_when_the_calculator_cannot_load(browser, site):  # noqa: F811
     context.route("**/brython*.js", lambda r: r.abort("blockedbyclient"))
     page = context.new_page()
     try:
-        page.goto(f"{site}/{PAGES['training']}.html", wait_until="load", timeout=60_000 * SCALE)
+        url = f"{site}/{PAGES['training']}.html"
+        patiently(f"{url} did not load", lambda ms: page.goto(url, wait_until="load", timeout=ms), 60)
         status = page.locator(".labkit-calc-status").first.inner_text()
     finally:
         context.close()
@@ -555,10 +558,11 @@ def standalone(tmp_path_factory):
 
 def _refused(calc, timeout: float = 30.0) -> str:
     """The error the output shows for inputs the page could not read (data-inputs empty)."""
-    out, deadline = calc.locator(".labkit-calc-output"), time.monotonic() + timeout * SCALE
+    out, deadline = calc.locator(".labkit-calc-output"), Deadline(timeout)
     while not (out.get_attribute("data-state") == "error" and not out.get_attribute("data-inputs")):
-        if time.monotonic() > deadline:
-            pytest.fail(f"the calculator did not refuse the form: {out.inner_text()!r}")
+        if deadline.passed():
+            pytest.fail(f"the calculator did not refuse the form {deadline.said()}: "
+                        f"{out.inner_text()!r}")
         time.sleep(0.1)
     return out.locator(".labkit-calc-error").inner_text()
 
