@@ -12,7 +12,7 @@ pages that teach a term (显存, 梯度累积, 流水线并行 in Chinese). Requ
 blocked, so a page
 that needs the network (for instance MathJax from a CDN) fails. A screenshot of each page's first
 screen is saved in the test's tmp_path (the whole page with LABKIT_FULL_SCREENSHOTS=1: painting a
-long page costs 1.5-3 s, 48 times a run, and no check reads the picture).
+long page costs 1.5-3 s, once a page of each edition, and no check reads the picture).
 """
 
 from __future__ import annotations
