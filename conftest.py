@@ -54,6 +54,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if id(item) not in ids] + book
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """nbval starts each lab's kernel as tests/nbval_kernel.py does: over Unix sockets, with
+    patience on a busy machine."""
+    if config.pluginmanager.hasplugin("nbval"):
+        import nbval.plugin
+
+        if str(ROOT / "tests") not in sys.path:
+            sys.path.insert(0, str(ROOT / "tests"))
+        from nbval_kernel import PatientKernel
+
+        nbval.plugin.RunningKernel = PatientKernel
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A lab's cell waits for its outputs longer on a slow machine (tests/nbval_kernel.py)."""
+    if item.path.suffix == ".ipynb" and hasattr(item, "output_timeout"):
+        from nbval_kernel import output_seconds
+
+        item.output_timeout = output_seconds()
+
+
 def toc_pages() -> list[str]:
     """Every page listed in _toc.yml, as docnames without suffix ("chapters/01_memory_wall")."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
