@@ -9,6 +9,12 @@ own test classes (scripts/exercise_checks.py, one process a worker) and checks t
 exactly the points of the rules it breaks; checks statically that every answer cell stands alone
 and every hidden assertion says what it expected. Each chapter is an xdist group of its own, so
 under `-n 3 --dist loadgroup` the workers share the chapters and none is built twice.
+
+The gradings that test what a grading computes run in kernels forked from a process that has
+imported ipykernel, torch and labkit (tests/warm_kernels.py, the ``warm_kernels``
+fixture): a kernel starts in a fraction of a second instead of spending 2.7 CPU-seconds on
+imports. The endless loop and the kernel too slow to start test how a kernel is started and
+stopped, so they keep real kernels.
 """
 
 from __future__ import annotations
@@ -134,6 +140,7 @@ def _processes_of_run(run_id: str) -> list[int]:
 
 
 @pytest.mark.parametrize("chapter", BY_CHAPTER)
+@pytest.mark.usefixtures("warm_kernels")
 def test_solution_scores_full_marks(built, chapter, tmp_path):
     solution = built["dist"] / chapter / "autograder" / f"{chapter}.ipynb"
     submission = tmp_path / "my.ipynb"  # a student's own file name, not the chapter's
@@ -153,6 +160,7 @@ def test_solution_scores_full_marks(built, chapter, tmp_path):
 
 
 @pytest.mark.parametrize("chapter", BY_CHAPTER)
+@pytest.mark.usefixtures("warm_kernels")
 def test_untouched_student_notebook_scores_zero(built, chapter):
     result = ex.grade(built["student"] / f"{chapter}.ipynb", timeout=300, dist_dir=built["dist"])
     assert not result["timed_out"]
@@ -250,6 +258,7 @@ LOOP_IN_TESTS_CHAPTER = "06_pipeline"  # where a function loops only when the te
 
 
 @pytest.mark.parametrize("chapter", BY_CHAPTER)
+@pytest.mark.usefixtures("warm_kernels")
 def test_one_broken_answer_costs_only_its_question(built, chapter, tmp_path):
     """A syntax error in q1's cell costs q1 alone and is reported as the syntax error it is. In the
     first chapter q2's cell also loops at its top (interrupted by the cell limit); in chapter 6
@@ -1035,6 +1044,7 @@ def test_answers_name_what_each_question_defines(chapter):
 
 # Chapter 1's answers are functions; chapter 3's second is a class whose methods are the answer.
 @pytest.mark.parametrize("chapter", [BY_CHAPTER[0], BY_CHAPTER[2]])
+@pytest.mark.usefixtures("warm_kernels")
 def test_unanswered_question_says_so(built, chapter, tmp_path, monkeypatch, capsys):
     """In the student notebook, `grader.check` on a question whose functions still have `...` for
     a body prints that it is not answered yet (no doctest trace); once answered, it runs the
@@ -1177,6 +1187,7 @@ def test_grader_notices_and_time_limit_in_chinese(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("chapter", [BY_CHAPTER[0]])
+@pytest.mark.usefixtures("warm_kernels")
 def test_chinese_notebook_says_not_answered_in_chinese(built, chapter, tmp_path, monkeypatch, capsys):
     """The Chinese student notebook prints its own lines in Chinese (LANGUAGE = "zh_CN"), and
     grading it untouched says 'not answered yet' in Chinese, one line a question."""
@@ -1227,6 +1238,7 @@ def test_chinese_colab_links_open_the_chinese_notebooks():
 
 @pytest.mark.xdist_group(_group(LOOP_IN_TESTS_CHAPTER))
 @pytest.mark.parametrize("chapter", [LOOP_IN_TESTS_CHAPTER])
+@pytest.mark.usefixtures("warm_kernels")
 def test_chinese_notebook_graded_in_chinese(built, chapter, tmp_path):
     """Grading the Chinese notebook end to end: a syntax error's note and its NameErrors, and the
     question time limit the grading kernel enforces, are said in Chinese, with the same cases,

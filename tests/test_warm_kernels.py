@@ -1,0 +1,128 @@
+"""The grading kernels forked from a warm process (tests/warm_kernels.py) behave as kernels
+Jupyter starts: they run in the folder and environment they were started with, an interrupt
+interrupts, a shutdown ends them, a kill leaves nothing, and a kernel whose Jupyter dies ends.
+A kernel asked for with other values of a variable torch reads when imported is a real one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from jupyter_client import KernelManager
+
+from labkit.busy import timeout_scale
+
+RUN = 60 * timeout_scale()  # seconds any step below may take on a slow machine
+
+
+@pytest.fixture
+def warm_kernels(warm_kernels):
+    if warm_kernels is None:
+        pytest.skip("kernels are forked only where os.pidfd_open exists (Linux 5.3 or later)")
+    return warm_kernels
+
+
+def _run(kc, code):
+    """Execute ``code``; return (reply status, exception name, printed text)."""
+    printed = []
+    reply = kc.execute_interactive(code, timeout=RUN, output_hook=lambda m: printed.append(
+        m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+    return reply["content"]["status"], reply["content"].get("ename"), "".join(printed)
+
+
+def _pid_of_kernel(kc) -> int:
+    return int(_run(kc, "import os; print(os.getpid())")[2])
+
+
+def _gone(pid) -> bool:
+    deadline = time.monotonic() + RUN
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.usefixtures("warm_kernels")
+def test_a_forked_kernel_runs_interrupts_and_ends_like_a_started_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARM_KERNEL_PROBE", "from the client")
+    km = KernelManager(kernel_name="python3")
+    assert km.kernel_spec.display_name == "Python 3 (forked)"
+    # nbclient (nbconvert, otter) adds an argument to the kernel's command
+    km.start_kernel(cwd=str(tmp_path), extra_arguments=["--HistoryManager.hist_file=:memory:"])
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=RUN)
+        status, _, printed = _run(kc, "import os, sys\nprint('torch' in sys.modules, os.getcwd(), "
+                                      "os.environ['WARM_KERNEL_PROBE'], "
+                                      "get_ipython().history_manager.hist_file, sep='|')")
+        assert (status, printed) == ("ok", f"True|{tmp_path}|from the client|:memory:\n"), printed
+        pid = _pid_of_kernel(kc)
+        assert pid != km.provisioner.pid  # forked by the server, not the process Jupyter started
+        msg_id = kc.execute("while True:\n    pass")
+        time.sleep(0.5)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=RUN)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=RUN)
+        assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+        assert _run(kc, "print(6 * 7)")[2] == "42\n"  # still there after the interrupt
+        km.shutdown_kernel(now=False)
+        assert _gone(pid) and not km.is_alive()
+    finally:
+        kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+
+
+@pytest.mark.usefixtures("warm_kernels")
+def test_a_killed_client_or_a_dead_jupyter_ends_the_kernel(tmp_path):
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=RUN)
+        pid = _pid_of_kernel(kc)
+        km.shutdown_kernel(now=True)  # SIGKILL to the client Jupyter started
+        assert _gone(pid), "the forked kernel outlived its killed client"
+    finally:
+        kc.stop_channels()
+    # Jupyter itself dies (a grading stopped hard): its kernel goes too
+    script = textwrap.dedent(f"""
+        import os, sys
+        from jupyter_client import KernelManager
+        km = KernelManager(kernel_name="python3")
+        km.start_kernel(cwd={str(tmp_path)!r})
+        kc = km.client(); kc.start_channels(); kc.wait_for_ready(timeout={RUN})
+        reply = kc.execute_interactive("import os; print(os.getpid())", timeout={RUN},
+                                       output_hook=lambda m: print(m["content"].get("text", ""), end="", flush=True))
+        os.kill(os.getpid(), 9)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=2 * RUN)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert _gone(int(proc.stdout.strip())), "the forked kernel outlived the Jupyter that started it"
+
+
+@pytest.mark.usefixtures("warm_kernels")
+def test_other_import_time_settings_get_a_real_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", str(int(os.environ.get("OMP_NUM_THREADS") or 1) + 1))
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=RUN)
+        assert _pid_of_kernel(kc) == km.provisioner.pid  # exec'd in place of the client
+        assert _run(kc, "import sys; print('torch' in sys.modules)")[2] == "False\n"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
