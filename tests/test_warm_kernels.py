@@ -5,6 +5,7 @@ A kernel asked for with other values of a variable torch reads when imported is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,6 +36,22 @@ def _run(kc, code):
     return reply["content"]["status"], reply["content"].get("ename"), "".join(printed)
 
 
+@contextlib.contextmanager
+def _kernel(cwd, **start):
+    """A python3 kernel started in ``cwd`` and ready: (manager, client); killed if still there."""
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(cwd), **start)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=RUN)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+
+
 def _pid_of_kernel(kc) -> int:
     return int(_run(kc, "import os; print(os.getpid())")[2])
 
@@ -53,14 +70,9 @@ def _gone(pid) -> bool:
 @pytest.mark.usefixtures("warm_kernels")
 def test_a_forked_kernel_runs_interrupts_and_ends_like_a_started_one(tmp_path, monkeypatch):
     monkeypatch.setenv("WARM_KERNEL_PROBE", "from the client")
-    km = KernelManager(kernel_name="python3")
-    assert km.kernel_spec.display_name == "Python 3 (forked)"
     # nbclient (nbconvert, otter) adds an argument to the kernel's command
-    km.start_kernel(cwd=str(tmp_path), extra_arguments=["--HistoryManager.hist_file=:memory:"])
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=RUN)
+    with _kernel(tmp_path, extra_arguments=["--HistoryManager.hist_file=:memory:"]) as (km, kc):
+        assert km.kernel_spec.display_name == "Python 3 (forked)"
         status, _, printed = _run(kc, "import os, sys\nprint('torch' in sys.modules, os.getcwd(), "
                                       "os.environ['WARM_KERNEL_PROBE'], "
                                       "get_ipython().history_manager.hist_file, sep='|')")
@@ -77,25 +89,14 @@ def test_a_forked_kernel_runs_interrupts_and_ends_like_a_started_one(tmp_path, m
         assert _run(kc, "print(6 * 7)")[2] == "42\n"  # still there after the interrupt
         km.shutdown_kernel(now=False)
         assert _gone(pid) and not km.is_alive()
-    finally:
-        kc.stop_channels()
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
 
 
 @pytest.mark.usefixtures("warm_kernels")
 def test_a_killed_client_or_a_dead_jupyter_ends_the_kernel(tmp_path):
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=RUN)
+    with _kernel(tmp_path) as (km, kc):
         pid = _pid_of_kernel(kc)
         km.shutdown_kernel(now=True)  # SIGKILL to the client Jupyter started
         assert _gone(pid), "the forked kernel outlived its killed client"
-    finally:
-        kc.stop_channels()
     # Jupyter itself dies (a grading stopped hard): its kernel goes too
     script = textwrap.dedent(f"""
         import os, sys
@@ -115,14 +116,6 @@ def test_a_killed_client_or_a_dead_jupyter_ends_the_kernel(tmp_path):
 @pytest.mark.usefixtures("warm_kernels")
 def test_other_import_time_settings_get_a_real_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", str(int(os.environ.get("OMP_NUM_THREADS") or 1) + 1))
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(tmp_path))
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=RUN)
+    with _kernel(tmp_path) as (km, kc):
         assert _pid_of_kernel(kc) == km.provisioner.pid  # exec'd in place of the client
         assert _run(kc, "import sys; print('torch' in sys.modules)")[2] == "False\n"
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)

@@ -98,7 +98,9 @@ def serve(path: str) -> None:
 def _fork_kernel(conn, listener, waiting, imported_env):
     """Read a request from ``conn``; fork and run the kernel in the child. Returns the child's pid
     (0 if the request was refused: the client then starts a real kernel)."""
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    while chunk := conn.recv(1 << 16):  # the rest of the request, up to the client's end of it
+        data += chunk
     request = json.loads(data.decode())
     if len(fds) != 3 or _import_env(request["env"]) != imported_env:
         for fd in fds:
@@ -171,6 +173,7 @@ def kernel(path: str, connection_file: str, *extra: str) -> None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
         socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+        conn.shutdown(socket.SHUT_WR)  # the request ends here; replies still come
         while b"\n" not in said:
             chunk = conn.recv(64)
             if not chunk:
