@@ -119,3 +119,26 @@ def test_other_import_time_settings_get_a_real_kernel(tmp_path, monkeypatch):
     with _kernel(tmp_path) as (km, kc):
         assert _pid_of_kernel(kc) == km.provisioner.pid  # exec'd in place of the client
         assert _run(kc, "import sys; print('torch' in sys.modules)")[2] == "False\n"
+
+
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
+    """A pytest worker killed hard, even at once, leaves no server behind."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("the server runs only where os.pidfd_open exists (Linux 5.3 or later)")
+    import warm_kernels
+
+    starter = textwrap.dedent(f"""
+        import subprocess, sys, time
+        server = subprocess.Popen([sys.executable, {warm_kernels.__file__!r}, "serve",
+                                   {str(tmp_path / "server")!r}], stdout=subprocess.PIPE, text=True)
+        print(server.pid, server.stdout.readline().strip(), flush=True)
+        time.sleep({2 * RUN})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, said = proc.stdout.readline().split()
+        assert said == "ready"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _gone(int(pid)), "the kernel server outlived the process that started it"

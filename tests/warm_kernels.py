@@ -63,6 +63,9 @@ def serve(path: str) -> None:
     import gc
     import importlib
 
+    # the pytest worker that started this server: when it is gone, so is the server (opened
+    # first: a parent that dies while the imports run would leave getppid() naming init)
+    parent = os.pidfd_open(os.getppid())
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -77,11 +80,13 @@ def serve(path: str) -> None:
     print("ready", flush=True)
     waiting = {}  # pidfd -> (pid, client connection)
     while True:
-        ready, _, _ = select.select([listener, *waiting], [], [])
+        ready, _, _ = select.select([listener, parent, *waiting], [], [])
         for fd in ready:
+            if fd == parent:
+                os._exit(0)
             if fd is listener:
                 conn, _ = listener.accept()
-                pid = _fork_kernel(conn, listener, waiting, imported_env)
+                pid = _fork_kernel(conn, listener, parent, waiting, imported_env)
                 if pid:
                     waiting[os.pidfd_open(pid)] = (pid, conn)
             else:
@@ -95,7 +100,7 @@ def serve(path: str) -> None:
                 conn.close()
 
 
-def _fork_kernel(conn, listener, waiting, imported_env):
+def _fork_kernel(conn, listener, parent, waiting, imported_env):
     """Read a request from ``conn``; fork and run the kernel in the child. Returns the child's pid
     (0 if the request was refused: the client then starts a real kernel)."""
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
@@ -117,6 +122,7 @@ def _fork_kernel(conn, listener, waiting, imported_env):
     try:  # the kernel
         listener.close()
         conn.close()
+        os.close(parent)
         for fd in waiting:
             os.close(fd)
         for other, client in waiting.values():
@@ -133,8 +139,8 @@ def _fork_kernel(conn, listener, waiting, imported_env):
         from ipykernel.kernelapp import IPKernelApp
 
         # read from the environment when ipykernel was imported, in the server: the client's here
-        parent = int(os.environ.get("JPY_PARENT_PID") or 0)
-        IPKernelApp.launch_instance(argv=[*sys.argv[1:], f"--IPKernelApp.parent_handle={parent}"])
+        jupyter = int(os.environ.get("JPY_PARENT_PID") or 0)
+        IPKernelApp.launch_instance(argv=[*sys.argv[1:], f"--IPKernelApp.parent_handle={jupyter}"])
         code = 0
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else 1
