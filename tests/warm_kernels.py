@@ -33,13 +33,12 @@ import sys
 # imports otter itself, after its shell is up, as in a kernel Jupyter starts.
 PRELOAD = ["ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "matplotlib_inline",
            "torch", "numpy", "labkit"]
-# read by torch (or the libraries it loads) at import: a kernel asking for other values is real
-IMPORT_TIME_ENV = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS",
-                   "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")
-
-
 def _import_env(env: dict) -> dict:
-    return {k: env.get(k) for k in IMPORT_TIME_ENV}
+    """The variables torch (or what it loads) reads at import, as labkit.dist's fork server
+    compares them: a kernel asking for other values is a real one. (Server side: it imports labkit.)"""
+    from labkit.dist import _IMPORT_TIME_ENV
+
+    return {k: env.get(k) for k in _IMPORT_TIME_ENV}
 
 
 def kernelspec_folder(folder, server_socket) -> str:
