@@ -36,6 +36,7 @@ import re
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -57,6 +58,10 @@ ANSWER_TAG = "otter_answer_cell"  # otter assign tags each cell a student writes
 KERNEL_TIMEOUT_ENV = "EXERCISES_KERNEL_TIMEOUT"  # seconds a Jupyter kernel gets to start
 KERNEL_NOT_STARTED = re.compile(r"Kernel didn't respond in [\d.]+ seconds|Kernel died before replying")
 LANGUAGE_ENV = "EXERCISES_GRADE_LANGUAGE"  # the grading kernel's language for its time-limit message
+# The command that runs this file's own steps (otter assign, otter run) in a subprocess: this
+# interpreter, unless the variable names another one that runs a script (the suite's forking
+# launcher, tests/warm_kernels.py, which saves each step importing otter again)
+PYTHON_ENV = "EXERCISES_PYTHON"
 # An assertion message in the tests' form: "call(args): expected X, got Y", or "expected X, got Y"
 EXPECTED_GOT = re.compile(r"^(?:(?P<call>.+?): )?expected (?P<expected>.*), got (?P<got>.*)$", re.S)
 
@@ -159,6 +164,12 @@ def resolve_chapter(chapter, source_dir=SOURCE_DIR):
     )
 
 
+def _step_command(*args):
+    """The command line of one of this file's internal steps (``_otter-assign``, ``_otter-run``)."""
+    python = shlex.split(os.environ.get(PYTHON_ENV, "")) or [sys.executable]
+    return [*python, str(Path(__file__).resolve()), *map(str, args)]
+
+
 def _stable_cell_ids(nb):
     """Give generated cells ids that depend on their position and source, not on chance."""
     for i, cell in enumerate(nb["cells"]):
@@ -184,8 +195,8 @@ def build(chapter, *, source_dir=SOURCE_DIR, dist_dir=DIST_DIR, student_dir=STUD
         shutil.rmtree(out, ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "_otter-assign", str(seconds * attempt),
-             str(source.resolve()), str(out), *([] if run_tests else ["--no-run-tests"])],
+            _step_command("_otter-assign", seconds * attempt, source.resolve(), out,
+                          *([] if run_tests else ["--no-run-tests"])),
             capture_output=True, text=True,
         )
         log = proc.stdout + proc.stderr
@@ -483,9 +494,8 @@ def _run_otter(autograder, nb, submission_name, work, token, timeout, limits, la
     env = dict(os.environ, **{TOKEN_ENV: token, "TMPDIR": str(work / "tmp"), LANGUAGE_ENV: lang})
     with open(work / "otter.log", "w") as log:  # a file, not a pipe: no wait on a straggler's EOF
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "_otter-run", *map(str, limits),
-             str(work / "executed.ipynb"),
-             "--no-logo", "-a", str(autograder), "-o", str(work), str(sub_copy)],
+            _step_command("_otter-run", *limits, work / "executed.ipynb",
+                          "--no-logo", "-a", autograder, "-o", work, sub_copy),
             cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, which _stop kills whole
         )

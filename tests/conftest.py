@@ -54,38 +54,27 @@ def book_tabs(browser):
 @pytest.fixture(scope="session")
 def warm_kernel_server():
     """This worker's server of grading kernels (tests/warm_kernels.py): the folder to put in
-    JUPYTER_PATH so that Jupyter's python3 kernels are forked from it; None where a process
-    cannot watch another's end (no os.pidfd_open: not Linux), and kernels are started as usual."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
+    JUPYTER_PATH so that Jupyter's python3 kernels are forked from it; None without one."""
     import warm_kernels
 
-    if not hasattr(os, "pidfd_open"):
-        yield None
-        return
-    folder = Path(tempfile.mkdtemp(prefix="wk"))  # short: a socket's path has at most 107 bytes
-    sock = folder / "server"
-    server = subprocess.Popen([sys.executable, warm_kernels.__file__, "serve", str(sock)],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        said = server.stdout.readline().strip()  # "ready" once it has imported; "" if it died
-        if said != "ready":
-            pytest.fail(f"the kernel server did not start (exit {server.wait()}): {said!r}")
-        yield warm_kernels.kernelspec_folder(folder / "spec", sock)
-    finally:
-        server.kill()
-        server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+    return warm_kernels.server("kernel")
+
+
+@pytest.fixture(scope="session")
+def warm_grader_server():
+    """This worker's server of exercises.py's steps (otter run, otter assign): the value of
+    EXERCISES_PYTHON that forks them from it; None without one."""
+    import warm_kernels
+
+    return warm_kernels.server("grader")
 
 
 @pytest.fixture
-def warm_kernels(warm_kernel_server, monkeypatch):
-    """Jupyter's python3 kernels in this test are forked from warm_kernel_server, if it runs."""
+def warm_kernels(warm_kernel_server, warm_grader_server, monkeypatch):
+    """Jupyter's python3 kernels in this test are forked from warm_kernel_server, and
+    scripts/exercises.py's steps from warm_grader_server, where they run."""
     if warm_kernel_server is not None:
         monkeypatch.setenv("JUPYTER_PATH", warm_kernel_server)
+    if warm_grader_server is not None:
+        monkeypatch.setenv("EXERCISES_PYTHON", warm_grader_server)
     return warm_kernel_server

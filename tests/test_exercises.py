@@ -13,8 +13,9 @@ under `-n 3 --dist loadgroup` the workers share the chapters and none is built t
 The gradings that test what a grading computes run in kernels forked from a process that has
 imported ipykernel, torch and labkit (tests/warm_kernels.py, the ``warm_kernels``
 fixture): a kernel starts in a fraction of a second instead of spending 2.7 CPU-seconds on
-imports. The endless loop and the kernel too slow to start test how a kernel is started and
-stopped, so they keep real kernels.
+imports. Their otter processes (and the builds' otter assign) are forked from one that has
+imported otter and nbconvert (1.1 of their 1.5 CPU-seconds). The endless loop and the kernel too
+slow to start test how a grading is started and stopped, so they keep real processes.
 """
 
 from __future__ import annotations
@@ -73,9 +74,12 @@ def _build(root: Path, chapter: str) -> dict:
 
 
 @pytest.fixture
-def built(exercises_tmp, chapter) -> dict:
-    """The test's chapter, built (once per process)."""
-    return _build(exercises_tmp, chapter)
+def built(exercises_tmp, chapter, warm_grader_server) -> dict:
+    """The test's chapter, built (once per process; otter assign forked from the grader server)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if warm_grader_server is not None:
+            mp.setenv("EXERCISES_PYTHON", warm_grader_server)
+        return _build(exercises_tmp, chapter)
 
 
 def _source(cell) -> str:

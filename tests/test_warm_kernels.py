@@ -1,12 +1,15 @@
 """The grading kernels forked from a warm process (tests/warm_kernels.py) behave as kernels
 Jupyter starts: they run in the folder and environment they were started with, an interrupt
 interrupts, a shutdown ends them, a kill leaves nothing, and a kernel whose Jupyter dies ends.
-A kernel asked for with other values of a variable torch reads when imported is a real one."""
+A kernel asked for with other values of a variable torch reads when imported is a real one.
+A script run forked from the grader server runs as ``python SCRIPT ARGS`` would, and one asked
+for with other Python variables (PYTHONPATH) is run by a fresh interpreter."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -142,3 +145,54 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
         proc.kill()
         proc.wait()
     assert _gone(int(pid)), "the kernel server outlived the process that started it"
+
+
+PROBE = textwrap.dedent("""
+    import os, sys
+    print(__name__, sys.argv[1:], os.getcwd(), os.environ["WARM_RUN_PROBE"], sys.path[0],
+          "otter.cli" in sys.modules, sep="|")
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(sys.argv[1]))
+""")
+
+
+def _warm_run(grader, script, *args, cwd, env=None):
+    return subprocess.run([*shlex.split(grader), str(script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=RUN)
+
+
+def test_a_forked_script_runs_as_python_runs_it_and_other_python_settings_get_a_fresh_one(
+        tmp_path, warm_grader_server):
+    if warm_grader_server is None:
+        pytest.skip("scripts are forked only where os.pidfd_open exists (Linux 5.3 or later)")
+    script = tmp_path / "folder" / "probe.py"
+    script.parent.mkdir()
+    script.write_text(PROBE)
+    env = dict(os.environ, WARM_RUN_PROBE="from the client")
+    proc = _warm_run(warm_grader_server, script, "3", "two words", cwd=tmp_path, env=env)
+    assert proc.returncode == 3, proc.stderr
+    # forked from the server, which imported otter: the rest is as `python probe.py ...` has it
+    expected = f"__main__|['3', 'two words']|{tmp_path}|from the client|{script.parent}|"
+    assert proc.stdout == expected + "True\n" and proc.stderr == "to stderr\n", proc
+    fresh = subprocess.run([sys.executable, str(script), "3", "two words"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=RUN)
+    assert (fresh.returncode, fresh.stdout, fresh.stderr) == (3, expected + "False\n", "to stderr\n")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    other = _warm_run(warm_grader_server, script, "0", "x", cwd=tmp_path, env=env)
+    assert other.returncode == 0 and other.stdout.endswith("|False\n"), other  # a fresh interpreter
+
+
+def test_a_killed_client_ends_its_forked_script(tmp_path, warm_grader_server):
+    if warm_grader_server is None:
+        pytest.skip("scripts are forked only where os.pidfd_open exists (Linux 5.3 or later)")
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([*shlex.split(warm_grader_server), str(script)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        assert pid != proc.pid  # forked by the server
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _gone(pid), "the forked script outlived its killed client"

@@ -16,6 +16,13 @@ interrupt), ends with the kernel's exit status, and a kernel whose client is kil
 computes; those that test how a kernel is started or stopped keep real ones). A variable torch
 reads when imported (ATEN_CPU_CAPABILITY, ...) that differs from the server's, or no server
 answering, makes the client start a real kernel instead.
+
+The grading's own process, ``scripts/exercises.py _otter-run`` (and ``_otter-assign``), imports
+otter, nbconvert and nbformat before it grades: about 1.1 CPU-seconds of its 1.5. A second server
+(``serve SOCKET grader``) imports those once and forks a process per ``run`` request, which runs
+the script as ``python SCRIPT ARGS`` would; EXERCISES_PYTHON naming this file's ``run`` client
+makes exercises.py start its steps that way (the ``warm_kernels`` fixture). A request whose
+Python variables (PYTHONPATH, ...) differ from the server's is run by a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -23,22 +30,68 @@ from __future__ import annotations
 import json
 import os
 import select
+import shlex
 import signal
 import socket
 import sys
 
-# What a kernel imports before its first cell (ipykernel) and what every grading imports (torch,
-# labkit). Not otter: it imports doctest, whose debugger class then predates IPython's shell, and
-# every check fails ("'_OutputRedirectingPdb' object has no attribute 'set_colors'"); a kernel
-# imports otter itself, after its shell is up, as in a kernel Jupyter starts.
-PRELOAD = ["ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "matplotlib_inline",
-           "torch", "numpy", "labkit"]
-def _import_env(env: dict) -> dict:
-    """The variables torch (or what it loads) reads at import, as labkit.dist's fork server
-    compares them: a kernel asking for other values is a real one. (Server side: it imports labkit.)"""
+# What a kernel imports before its first cell (ipykernel) and what every grading and lab imports
+# (torch, labkit). Not otter: it imports doctest, whose debugger class then predates IPython's
+# shell, and every check fails ("'_OutputRedirectingPdb' object has no attribute 'set_colors'").
+# Not matplotlib: it reads its backend (ipykernel's, set by the kernel) when imported, and
+# matplotlib_inline hooks figures into the shell that exists when it is imported. A kernel imports
+# them itself, after its shell is up, as in a kernel Jupyter starts.
+PRELOAD = ["ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "torch", "numpy", "labkit"]
+# What scripts/exercises.py's steps import: otter's command line, its grading preprocessor and
+# runner, otter assign, and nbconvert's executor (no kernel runs in these processes).
+GRADER_PRELOAD = ["otter.cli", "otter.assign", "otter.execute.preprocessor",
+                  "otter.run.run_autograder.runners.python_runner", "nbconvert.preprocessors", "nbformat"]
+
+
+def _start_env(env: dict, kind: str) -> dict:
+    """What must be equal for a forked process to start as a fresh one would: for a kernel, the
+    variables torch (or what it loads) reads at import, as labkit.dist's fork server compares
+    them (server side: it imports labkit); for a script, the interpreter's own (PYTHONPATH, ...)."""
+    if kind == "run":
+        return {k: v for k, v in env.items() if k.startswith("PYTHON")}
     from labkit.dist import _IMPORT_TIME_ENV
 
     return {k: env.get(k) for k in _IMPORT_TIME_ENV}
+
+
+_servers = {}  # kind -> what server() returned: this process's servers
+
+
+def server(kind: str) -> str | None:
+    """This process's server of ``kind``, started at first use and ended with this process: for
+    "kernel" the folder to put in JUPYTER_PATH, for "grader" the value of EXERCISES_PYTHON; None
+    where a process cannot watch another's end (no os.pidfd_open: not Linux)."""
+    import atexit
+    import subprocess
+    import tempfile
+
+    if not hasattr(os, "pidfd_open"):
+        return None
+    if kind not in _servers:
+        folder = tempfile.mkdtemp(prefix="wk")  # short: a socket's path has at most 107 bytes
+        sock = os.path.join(folder, "server")
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", sock, kind],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        said = proc.stdout.readline().strip()  # "ready" once it has imported; "" if it died
+        atexit.register(_end, proc, folder)
+        if said != "ready":
+            raise RuntimeError(f"the {kind} server did not start (exit {proc.wait()}): {said!r}")
+        _servers[kind] = (kernelspec_folder(os.path.join(folder, "spec"), sock) if kind == "kernel"
+                          else shlex.join([sys.executable, "-S", os.path.abspath(__file__), "run", sock]))
+    return _servers[kind]
+
+
+def _end(proc, folder):
+    import shutil
+
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def kernelspec_folder(folder, server_socket) -> str:
@@ -56,23 +109,25 @@ def kernelspec_folder(folder, server_socket) -> str:
 
 # ---- the server ---------------------------------------------------------------------------------
 
-def serve(path: str) -> None:
-    """Import PRELOAD, listen on the Unix socket ``path``, fork a kernel per request. One thread
-    (a fork copies only the calling thread); a child's exit status goes back to its client."""
+def serve(path: str, kind: str = "kernel") -> None:
+    """Import PRELOAD (``kind`` "grader": GRADER_PRELOAD), listen on the Unix socket ``path``, fork
+    a kernel (a script run) per request. One thread (a fork copies only the calling thread); a
+    child's exit status goes back to its client."""
     import gc
     import importlib
 
     # the pytest worker that started this server: when it is gone, so is the server (opened
     # first: a parent that dies while the imports run would leave getppid() naming init)
     parent = os.pidfd_open(os.getppid())
-    for name in PRELOAD:
+    kind = "run" if kind == "grader" else "kernel"
+    for name in GRADER_PRELOAD if kind == "run" else PRELOAD:
         try:
             importlib.import_module(name)
         except Exception:  # a kernel imports it itself
             pass
     gc.collect()
     gc.freeze()  # a child's collections do not walk (and so copy) the server's objects
-    imported_env = _import_env(os.environ)
+    imported_env = _start_env(os.environ, kind)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -85,7 +140,7 @@ def serve(path: str) -> None:
                 os._exit(0)
             if fd is listener:
                 conn, _ = listener.accept()
-                pid = _fork_kernel(conn, listener, parent, waiting, imported_env)
+                pid = _fork(conn, listener, parent, waiting, kind, imported_env)
                 if pid:
                     waiting[os.pidfd_open(pid)] = (pid, conn)
             else:
@@ -99,14 +154,14 @@ def serve(path: str) -> None:
                 conn.close()
 
 
-def _fork_kernel(conn, listener, parent, waiting, imported_env):
-    """Read a request from ``conn``; fork and run the kernel in the child. Returns the child's pid
-    (0 if the request was refused: the client then starts a real kernel)."""
+def _fork(conn, listener, parent, waiting, kind, imported_env):
+    """Read a request from ``conn``; fork and run the kernel (the script) in the child. Returns the
+    child's pid (0 if the request was refused: the client then starts a fresh process)."""
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
     while chunk := conn.recv(1 << 16):  # the rest of the request, up to the client's end of it
         data += chunk
     request = json.loads(data.decode())
-    if len(fds) != 3 or _import_env(request["env"]) != imported_env:
+    if len(fds) != 3 or request["kind"] != kind or _start_env(request["env"], kind) != imported_env:
         for fd in fds:
             os.close(fd)
         conn.sendall(b"refused\n")
@@ -118,7 +173,7 @@ def _fork_kernel(conn, listener, parent, waiting, imported_env):
             os.close(fd)
         conn.sendall(f"{pid}\n".encode())
         return pid
-    try:  # the kernel
+    try:  # the kernel, or the script
         listener.close()
         conn.close()
         os.close(parent)
@@ -134,12 +189,10 @@ def _fork_kernel(conn, listener, parent, waiting, imported_env):
         os.environ.clear()
         os.environ.update(request["env"])
         _end_with(request["client"])
-        sys.argv = ["ipykernel_launcher", "-f", request["connection_file"], *request["extra"]]
-        from ipykernel.kernelapp import IPKernelApp
-
-        # read from the environment when ipykernel was imported, in the server: the client's here
-        jupyter = int(os.environ.get("JPY_PARENT_PID") or 0)
-        IPKernelApp.launch_instance(argv=[*sys.argv[1:], f"--IPKernelApp.parent_handle={jupyter}"])
+        if kind == "run":
+            _run_script(request["argv"])
+        else:
+            _run_kernel(request["connection_file"], request["extra"])
         code = 0
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else 1
@@ -151,6 +204,24 @@ def _fork_kernel(conn, listener, parent, waiting, imported_env):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _run_kernel(connection_file, extra):
+    sys.argv = ["ipykernel_launcher", "-f", connection_file, *extra]
+    from ipykernel.kernelapp import IPKernelApp
+
+    # read from the environment when ipykernel was imported, in the server: the client's here
+    jupyter = int(os.environ.get("JPY_PARENT_PID") or 0)
+    IPKernelApp.launch_instance(argv=[*sys.argv[1:], f"--IPKernelApp.parent_handle={jupyter}"])
+
+
+def _run_script(argv):
+    """Run ``argv[0]`` as ``python SCRIPT ARGS`` would: as __main__, its folder first on sys.path."""
+    import runpy
+
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    runpy.run_path(argv[0], run_name="__main__")
 
 
 def _end_with(client_pid: int) -> None:
@@ -171,8 +242,19 @@ def _end_with(client_pid: int) -> None:
 def kernel(path: str, connection_file: str, *extra: str) -> None:
     """Stand for a kernel forked by the server at ``path``; a real kernel if it refuses. ``extra``
     are the arguments Jupyter adds to a kernel's command (nbclient: an in-memory history)."""
-    request = {"connection_file": connection_file, "extra": list(extra), "cwd": os.getcwd(),
-               "env": dict(os.environ), "client": os.getpid()}
+    _stand_for(path, {"kind": "kernel", "connection_file": connection_file, "extra": list(extra)},
+               ["-m", "ipykernel_launcher", "-f", connection_file, *extra])
+
+
+def run(path: str, script: str, *args: str) -> None:
+    """``python SCRIPT ARGS``, forked by the grader server at ``path``; a fresh one if it refuses."""
+    _stand_for(path, {"kind": "run", "argv": [script, *args]}, [script, *args])
+
+
+def _stand_for(path: str, request: dict, fresh: list) -> None:
+    """Send ``request`` (with this process's folder, environment and standard streams) and stand
+    for the process the server forks; ``python *fresh`` in this process if it refuses."""
+    request = dict(request, cwd=os.getcwd(), env=dict(os.environ), client=os.getpid())
     said = b""
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -188,13 +270,12 @@ def kernel(path: str, connection_file: str, *extra: str) -> None:
         said = b""
     reply, _, said = said.partition(b"\n")
     if not reply.isdigit():  # refused, or no server
-        os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file,
-                                  *extra])
+        os.execv(sys.executable, [sys.executable, *fresh])
     pid = int(reply)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, lambda sig, frame: os.kill(pid, sig))
-    # The server sends the kernel's exit status when it ends. If this client's parent (jupyter)
-    # dies first, the kernel goes with it, as ipykernel's parent poller ends a kernel jupyter started.
+    # The server sends the child's exit status when it ends. If this client's parent (jupyter)
+    # dies first, the child goes with it, as ipykernel's parent poller ends a kernel jupyter started.
     parent = os.pidfd_open(os.getppid())
     while b"\n" not in said:
         if conn not in select.select([conn, parent], [], [])[0]:
@@ -214,9 +295,10 @@ def kernel(path: str, connection_file: str, *extra: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["serve"] and len(sys.argv) == 3:
-        serve(sys.argv[2])
-    elif sys.argv[1:2] == ["kernel"] and len(sys.argv) >= 4:
-        kernel(*sys.argv[2:])
+    if sys.argv[1:2] == ["serve"] and len(sys.argv) in (3, 4) and sys.argv[3:] in ([], ["kernel"], ["grader"]):
+        serve(*sys.argv[2:])
+    elif sys.argv[1:2] in (["kernel"], ["run"]) and len(sys.argv) >= 4:
+        (kernel if sys.argv[1] == "kernel" else run)(*sys.argv[2:])
     else:
-        sys.exit("usage: warm_kernels.py serve SOCKET | kernel SOCKET CONNECTION_FILE [ARG ...]")
+        sys.exit("usage: warm_kernels.py serve SOCKET [kernel|grader] | kernel SOCKET CONNECTION_FILE [ARG ...]"
+                 " | run SOCKET SCRIPT [ARG ...]")
