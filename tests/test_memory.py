@@ -298,3 +298,21 @@ def test_a_collectives_late_release_is_not_counted_as_kept(tmp_path):
         assert kept._version - version == bumps  # bumped by the collective, not again by the copy
     finally:
         dist.destroy_process_group()
+
+
+def test_strided_tensors_finds_what_tree_leaves_finds():
+    """The meter's walk over an operator's arguments finds the strided tensors pytree finds, in
+    the same order: in nested tuples, lists, dicts and named tuples, past scalars and None."""
+    from collections import namedtuple
+
+    from torch.utils._pytree import tree_leaves
+
+    from labkit.memory.tensors import strided_tensors
+
+    pair = namedtuple("pair", "a b")
+    a, b, c, d = (torch.zeros(2) for _ in range(4))
+    sparse = torch.zeros(2, 2).to_sparse()
+    args = ((a, [b, 3, None, {"x": c, "y": (sparse, 1.5)}]), {"out": pair(d, "s")}, torch.float32)
+    expected = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.layout == torch.strided]
+    assert [id(t) for t in strided_tensors(args)] == [id(t) for t in expected] == [id(a), id(b), id(c), id(d)]
+    assert strided_tensors(a) == [a] and strided_tensors(sparse) == [] and strided_tensors(None) == []

@@ -18,42 +18,15 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from ..validate import check_bool
 from .collective_copies import collective_on_copies
+from .tensors import optimizer_tensors, strided_tensors
 
 __all__ = ["CATEGORIES", "MemoryMeter", "MemoryReport", "measure_forward_backward", "measure_step",
            "optimizer_tensors", "train_step"]
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer", "activations", "temporaries")
-
-
-def optimizer_tensors(optimizer) -> list[torch.Tensor]:
-    """Every tensor an optimizer owns: its per-parameter state and, for optimizers that keep
-    their own copies of the parameters (fp32 master weights), those copies."""
-    if optimizer is None:
-        return []
-    if hasattr(optimizer, "state_tensors"):
-        return list(optimizer.state_tensors())
-    return [t for t in tree_leaves(list(optimizer.state.values())) if isinstance(t, torch.Tensor)]
-
-
-def _strided(obj, found=None) -> list[torch.Tensor]:
-    """The strided tensors in an operator's arguments or outputs (nested tuples, lists and dicts of
-    them, as the dispatcher passes them): what ``tree_leaves`` finds there, at a quarter of its cost
-    per operator, which the meter pays on every one."""
-    found = [] if found is None else found
-    if isinstance(obj, torch.Tensor):
-        if obj.layout == torch.strided:
-            found.append(obj)
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
-            _strided(item, found)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            _strided(item, found)
-    return found
 
 
 class _Storage:
@@ -192,8 +165,8 @@ class MemoryMeter(TorchDispatchMode):
         self._phases.append(self._phase)
         # An output that aliases an input (a view, an in-place op) allocated nothing, even
         # when the input's storage predates the meter and was never seen.
-        inputs = {id(t.untyped_storage()) for t in _strided((args, kwargs))}
-        for t in _strided(out):
+        inputs = {id(t.untyped_storage()) for t in strided_tensors((args, kwargs))}
+        for t in strided_tensors(out):
             if id(t.untyped_storage()) in inputs and id(t.untyped_storage()) not in self._by_storage:
                 continue
             self._track(t)
