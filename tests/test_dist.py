@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dist_workers
+from warm_kernels import python_command
 from labkit.dist import CommCounter, DistributedError, launch, rendezvous_store
 from labkit import dist as dist_mod
 
@@ -172,12 +173,17 @@ def test_concurrent_launches_never_lose_their_port(tmp_path):
     churn = ("import socket, time\nend = time.monotonic() + 120\n"  # bounded, if never killed
              "while time.monotonic() < end:\n"
              "    s = socket.socket(); s.bind(('127.0.0.1', 0)); s.close(); time.sleep(0.001)\n")
-    launcher = f"import sys; sys.path.insert(0, {str(tests)!r}); import dist_workers; " \
-               "print(dist_workers.launches_in_a_row(2))"
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(f"import sys\nsys.path.insert(0, {str(tests)!r})\nimport dist_workers\n"
+                        "if __name__ == '__main__':\n    print(dist_workers.launches_in_a_row(2))\n")
+    # each launcher forked from a process that imported torch and labkit (tests/warm_kernels.py);
+    # each starts its own ranks' server, as a fresh interpreter does
+    python = python_command("torch", {**os.environ, "PYTHONPATH": str(tests.parent)})
     churner = subprocess.Popen([sys.executable, "-c", churn])
     try:
-        procs = [subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        procs = [subprocess.Popen([*python, str(launcher)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, "PYTHONPATH": str(tests.parent)})
+                 for _ in range(4)]
         outs = [p.communicate(timeout=600) for p in procs]
     finally:
         churner.kill()

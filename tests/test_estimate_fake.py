@@ -12,7 +12,8 @@ its max all-reduce. The model is built on the meta device, sharded, then given f
 The test runs 4 layers of Llama-2-7B and of Llama-2-70B (full width, 4,096 tokens) to stay
 short; ``python tests/test_estimate_fake.py llama-2-7b 32 2 2`` measures all 32 of 7B's
 (scripts/bench_estimate.py --fake-layers 32 prints the table).
-Each case runs in a fresh interpreter, so the fake process group touches no other test.
+Each case runs in a process of its own (forked from one that imported torch and labkit,
+tests/warm_kernels.py), so the fake process group touches no other test.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from warm_kernels import python_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ = 4096
@@ -84,9 +87,10 @@ def measure(name: str, n_layer: int, tp: int, pp: int, sp: int = 0, seq_len: int
 
 
 def _run(name: str, n_layer: int, tp: int, pp: int, sp: bool) -> dict:
-    out = subprocess.run([sys.executable, __file__, name, str(n_layer), str(tp), str(pp), str(int(sp))],
-                         capture_output=True,
-                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # forked from a process that imported torch and labkit (tests/warm_kernels.py): fresh otherwise
+    out = subprocess.run([*python_command("torch", env), __file__, name, str(n_layer), str(tp), str(pp),
+                          str(int(sp))], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

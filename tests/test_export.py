@@ -33,6 +33,7 @@ from labkit.plan.export import (ENGINES, MAPPINGS, ExportNote, export, export_be
                                 to_fsdp2, to_megatron, to_torchtitan, to_vllm)
 from labkit.estimate import training_memory
 from labkit.shapes import PRESETS, ModelShape
+from warm_kernels import python_command
 
 ROOT = Path(__file__).resolve().parents[1]
 # tests/export_fsdp2_workers.py's TinyLlama, as the estimator reads it
@@ -81,9 +82,11 @@ def _engine_python(engine: str) -> str:
 
 def _ask(engine: str, cases: list) -> list:
     """What ``engine``'s own parser read from each case (tests/engine_checks.py)."""
-    out = subprocess.run([_engine_python(engine), str(ROOT / "tests" / "engine_checks.py"), engine],
-                         input=json.dumps(cases), capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": "/nonexistent"})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": "/nonexistent"}
+    # a fresh process an engine, forked from one that imported torch (tests/warm_kernels.py)
+    python = python_command("torch", env, _engine_python(engine))
+    out = subprocess.run([*python, str(ROOT / "tests" / "engine_checks.py"), engine],
+                         input=json.dumps(cases), capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

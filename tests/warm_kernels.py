@@ -1,28 +1,29 @@
-"""Grading kernels forked from a process that imported what every grading imports.
+"""Kernels and scripts forked from a process that imported what they import.
 
-A grading starts a fresh Jupyter kernel, which imports ipykernel, torch, otter and labkit before
-the notebook's first cell: about 2.7 CPU-seconds of a grading's 6, some thirty gradings a run
-(scripts/results/suite_times.md). Here a server imports ipykernel, torch and labkit once
-(``serve``) and forks a kernel for each start; the kernel then runs the notebook, otter's cells
-included, as a fresh kernel does.
+A grading starts a fresh Jupyter kernel, which imports ipykernel, torch and labkit before the
+notebook's first cell: about 2.7 CPU-seconds of a grading's 6, some thirty gradings a run
+(scripts/results/suite_times.md). Here a server imports them once (``serve SOCKET kernel``) and
+forks a kernel for each start, which then runs the notebook, otter's cells included, as a fresh
+kernel does. :func:`kernelspec_folder` writes a ``python3`` kernelspec whose command is this
+file's ``kernel`` client, which jupyter_client starts and manages as the kernel: the client hands
+the server the connection file, its folder, environment and standard streams, and stands for the
+forked kernel. It passes signals on (SIGINT is an interrupt) and ends with the kernel's exit
+status; a kernel whose client is killed ends at once (a watch on the client). A JUPYTER_PATH
+naming that folder makes otter's kernels these (tests/test_exercises.py's ``warm_kernels``
+fixture, for the gradings that test what a kernel computes; those that test how a kernel is
+started or stopped keep real ones).
 
-Jupyter starts the kernel a kernelspec names. :func:`kernelspec_folder` writes a ``python3``
-kernelspec whose command is this file's ``kernel`` client, which jupyter_client starts and manages
-as the kernel: the client hands the server the connection file, its working folder, environment
-and standard streams, and stands for the forked kernel. It passes signals on (SIGINT is an
-interrupt), ends with the kernel's exit status, and a kernel whose client is killed ends at once
-(a watch on the client). A JUPYTER_PATH naming that folder makes otter's kernels these
-(tests/test_exercises.py's ``warm_kernels`` fixture, for the gradings that test what a kernel
-computes; those that test how a kernel is started or stopped keep real ones). A variable torch
-reads when imported (ATEN_CPU_CAPABILITY, ...) that differs from the server's, or no server
-answering, makes the client start a real kernel instead.
+Scripts the same way (``run SOCKET SCRIPT ARGS``): ``serve SOCKET grader`` imports otter and
+nbconvert for scripts/exercises.py's steps (``_otter-run``, ``_otter-assign``: 1.1 of their 1.5
+CPU-seconds), which EXERCISES_PYTHON naming the client makes it start; ``serve SOCKET torch``
+imports torch and labkit for the suite's scripts that need a process of their own (the engines'
+parsers, under .venv-engines' interpreter; one rank under fake tensors; concurrent launchers).
+A forked script runs as ``python SCRIPT ARGS`` would: as __main__, in the client's folder,
+environment and streams, its exit status the client's.
 
-The grading's own process, ``scripts/exercises.py _otter-run`` (and ``_otter-assign``), imports
-otter, nbconvert and nbformat before it grades: about 1.1 CPU-seconds of its 1.5. A second server
-(``serve SOCKET grader``) imports those once and forks a process per ``run`` request, which runs
-the script as ``python SCRIPT ARGS`` would; EXERCISES_PYTHON naming this file's ``run`` client
-makes exercises.py start its steps that way (the ``warm_kernels`` fixture). A request whose
-Python variables (PYTHONPATH, ...) differ from the server's is run by a fresh interpreter.
+A request the server cannot serve as a fresh process would be is run by a fresh one: a variable
+torch reads when imported (ATEN_CPU_CAPABILITY, ...) or, for a script, a Python variable
+(PYTHONPATH, ...) other than the server's, or no server answering.
 """
 
 from __future__ import annotations
@@ -41,49 +42,64 @@ import sys
 # Not matplotlib: it reads its backend (ipykernel's, set by the kernel) when imported, and
 # matplotlib_inline hooks figures into the shell that exists when it is imported. A kernel imports
 # them itself, after its shell is up, as in a kernel Jupyter starts.
-PRELOAD = ["ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "torch", "numpy", "labkit"]
-# What scripts/exercises.py's steps import: otter's command line, its grading preprocessor and
-# runner, otter assign, and nbconvert's executor (no kernel runs in these processes).
-GRADER_PRELOAD = ["otter.cli", "otter.assign", "otter.execute.preprocessor",
-                  "otter.run.run_autograder.runners.python_runner", "nbconvert.preprocessors", "nbformat"]
+# What scripts/exercises.py's steps import ("grader"): otter's command line, its grading
+# preprocessor and runner, otter assign, and nbconvert's executor (no kernel runs in them). What
+# the suite's other scripts import ("torch": the engines' parsers, one rank under fake tensors,
+# the concurrent launchers); started by the interpreter they run under.
+PRELOADS = {"kernel": ["ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "torch", "numpy",
+                       "labkit"],
+            "grader": ["otter.cli", "otter.assign", "otter.execute.preprocessor",
+                       "otter.run.run_autograder.runners.python_runner", "nbconvert.preprocessors",
+                       "nbformat"],
+            "torch": ["torch", "torch.distributed", "labkit", "labkit.dist"]}
 
 
 def _start_env(env: dict, kind: str) -> dict:
-    """What must be equal for a forked process to start as a fresh one would: for a kernel, the
-    variables torch (or what it loads) reads at import, as labkit.dist's fork server compares
-    them (server side: it imports labkit); for a script, the interpreter's own (PYTHONPATH, ...)."""
-    if kind == "run":
-        return {k: v for k, v in env.items() if k.startswith("PYTHON")}
-    from labkit.dist import _IMPORT_TIME_ENV
+    """What must be equal for a forked process to start as a fresh one would: for a script, the
+    interpreter's own variables (PYTHONPATH, ...); where the server imported torch, the variables
+    torch (or what it loads) reads at import, as labkit.dist's fork server compares them."""
+    same = {k: v for k, v in env.items() if k.startswith("PYTHON")} if kind != "kernel" else {}
+    if "torch" in PRELOADS[kind]:
+        from labkit.dist import _IMPORT_TIME_ENV
 
-    return {k: env.get(k) for k in _IMPORT_TIME_ENV}
-
-
-_servers = {}  # kind -> what server() returned: this process's servers
+        same.update({k: env.get(k) for k in _IMPORT_TIME_ENV})
+    return same
 
 
-def server(kind: str) -> str | None:
-    """This process's server of ``kind``, started at first use and ended with this process: for
-    "kernel" the folder to put in JUPYTER_PATH, for "grader" the value of EXERCISES_PYTHON; None
-    where a process cannot watch another's end (no os.pidfd_open: not Linux)."""
+_servers = {}  # (kind, interpreter) -> what server() returned: this process's servers
+
+
+def server(kind: str, python: str = sys.executable, env: dict | None = None) -> str | None:
+    """This process's server of ``kind`` run by ``python`` in ``env`` (default: this process's), started
+    at first use and ended with this process: for "kernel" the folder to put in JUPYTER_PATH, else
+    the command that runs a script forked from it (EXERCISES_PYTHON's value for "grader"); None
+    where a process cannot watch another's end (no os.pidfd_open: not Linux). A script asked for
+    in another environment than ``env`` (see _start_env) runs in a fresh interpreter."""
     import atexit
     import subprocess
     import tempfile
 
     if not hasattr(os, "pidfd_open"):
         return None
-    if kind not in _servers:
+    if (kind, python) not in _servers:
         folder = tempfile.mkdtemp(prefix="wk")  # short: a socket's path has at most 107 bytes
         sock = os.path.join(folder, "server")
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", sock, kind],
+        proc = subprocess.Popen([python, os.path.abspath(__file__), "serve", sock, kind], env=env,
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
         said = proc.stdout.readline().strip()  # "ready" once it has imported; "" if it died
         atexit.register(_end, proc, folder)
         if said != "ready":
             raise RuntimeError(f"the {kind} server did not start (exit {proc.wait()}): {said!r}")
-        _servers[kind] = (kernelspec_folder(os.path.join(folder, "spec"), sock) if kind == "kernel"
-                          else shlex.join([sys.executable, "-S", os.path.abspath(__file__), "run", sock]))
-    return _servers[kind]
+        _servers[kind, python] = (kernelspec_folder(os.path.join(folder, "spec"), sock) if kind == "kernel"
+                                  else shlex.join([python, "-S", os.path.abspath(__file__), "run", sock]))
+    return _servers[kind, python]
+
+
+def python_command(kind: str, env: dict, python: str = sys.executable) -> list[str]:
+    """What runs a script as ``[python, script, ...]`` would in ``env``: forked from this process's
+    server of ``kind`` where one can run, else ``python`` itself."""
+    started = server(kind, python, env)
+    return shlex.split(started) if started else [python]
 
 
 def _end(proc, folder):
@@ -110,8 +126,8 @@ def kernelspec_folder(folder, server_socket) -> str:
 # ---- the server ---------------------------------------------------------------------------------
 
 def serve(path: str, kind: str = "kernel") -> None:
-    """Import PRELOAD (``kind`` "grader": GRADER_PRELOAD), listen on the Unix socket ``path``, fork
-    a kernel (a script run) per request. One thread (a fork copies only the calling thread); a
+    """Import PRELOADS[kind], listen on the Unix socket ``path``, fork a kernel ("kernel") or a
+    script's run (the others) per request. One thread (a fork copies only the calling thread); a
     child's exit status goes back to its client."""
     import gc
     import importlib
@@ -119,8 +135,7 @@ def serve(path: str, kind: str = "kernel") -> None:
     # the pytest worker that started this server: when it is gone, so is the server (opened
     # first: a parent that dies while the imports run would leave getppid() naming init)
     parent = os.pidfd_open(os.getppid())
-    kind = "run" if kind == "grader" else "kernel"
-    for name in GRADER_PRELOAD if kind == "run" else PRELOAD:
+    for name in PRELOADS[kind]:
         try:
             importlib.import_module(name)
         except Exception:  # a kernel imports it itself
@@ -161,7 +176,8 @@ def _fork(conn, listener, parent, waiting, kind, imported_env):
     while chunk := conn.recv(1 << 16):  # the rest of the request, up to the client's end of it
         data += chunk
     request = json.loads(data.decode())
-    if len(fds) != 3 or request["kind"] != kind or _start_env(request["env"], kind) != imported_env:
+    asked = "kernel" if kind == "kernel" else "run"
+    if len(fds) != 3 or request["kind"] != asked or _start_env(request["env"], kind) != imported_env:
         for fd in fds:
             os.close(fd)
         conn.sendall(b"refused\n")
@@ -189,7 +205,7 @@ def _fork(conn, listener, parent, waiting, kind, imported_env):
         os.environ.clear()
         os.environ.update(request["env"])
         _end_with(request["client"])
-        if kind == "run":
+        if kind != "kernel":
             _run_script(request["argv"])
         else:
             _run_kernel(request["connection_file"], request["extra"])
@@ -295,10 +311,10 @@ def _stand_for(path: str, request: dict, fresh: list) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["serve"] and len(sys.argv) in (3, 4) and sys.argv[3:] in ([], ["kernel"], ["grader"]):
+    if sys.argv[1:2] == ["serve"] and len(sys.argv) in (3, 4) and set(sys.argv[3:]) <= set(PRELOADS):
         serve(*sys.argv[2:])
     elif sys.argv[1:2] in (["kernel"], ["run"]) and len(sys.argv) >= 4:
         (kernel if sys.argv[1] == "kernel" else run)(*sys.argv[2:])
     else:
-        sys.exit("usage: warm_kernels.py serve SOCKET [kernel|grader] | kernel SOCKET CONNECTION_FILE [ARG ...]"
+        sys.exit("usage: warm_kernels.py serve SOCKET [kernel|grader|torch] | kernel SOCKET CONNECTION_FILE [ARG ...]"
                  " | run SOCKET SCRIPT [ARG ...]")
