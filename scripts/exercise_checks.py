@@ -108,7 +108,7 @@ def score_variants(autograder_zip, solution_nb, variants):
 
     solution_nb: the autograder's notebook (solutions filled in). variants: [(question, code)]:
     `code` runs after every solution cell (it redefines the function it gets wrong). Returns
-    {"solution": {q: (score, possible)},
+    {"solution": {q: (score, possible)}, "solution_failures": {q: [failure texts]},
      "variants": [(score, possible, [failure texts], [index of each failed case])]}.
     """
     import zipfile
@@ -146,8 +146,10 @@ def score_variants(autograder_zip, solution_nb, variants):
         which = [i for i, r in enumerate(test.test_case_results) if not r.passed]
         return test.score, test.possible, failed, which
 
-    solution = {q: run(q, None)[:2] for q in tests}
-    return {"solution": solution, "variants": [run(q, code) for q, code in variants]}
+    solution = {q: run(q, None) for q in tests}
+    return {"solution": {q: r[:2] for q, r in solution.items()},
+            "solution_failures": {q: r[2] for q, r in solution.items()},
+            "variants": [run(q, code) for q, code in variants]}
 
 
 def serve(lines):

@@ -1007,7 +1007,8 @@ def test_plausible_wrong_answers_lose_points(built, variant_scores, chapter):
     cases = ex.question_cases(built["zip"])
     assert set(scores["solution"]) == set(cases)
     for q, (score, possible) in scores["solution"].items():
-        assert score == possible > 0, f"{chapter} {q}: the solution scored {score} / {possible}"
+        assert score == possible > 0, (f"{chapter} {q}: the solution scored {score} / {possible}:\n"
+                                       + "\n".join(scores["solution_failures"][q]))
     assert len(scores["variants"]) == len(wrong)
     for (q, why, broken), (score, possible, failures, which) in zip(wrong, scores["variants"]):
         failed_rules = {cases[q][i]["rule"] for i in which if cases[q][i]["hidden"]}

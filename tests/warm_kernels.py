@@ -36,16 +36,15 @@ import signal
 import socket
 import sys
 
-# What a kernel imports before its first cell (ipykernel) and what every grading and lab imports
-# (torch, labkit). Not otter: it imports doctest, whose debugger class then predates IPython's
-# shell, and every check fails ("'_OutputRedirectingPdb' object has no attribute 'set_colors'").
-# Not matplotlib: it reads its backend (ipykernel's, set by the kernel) when imported, and
-# matplotlib_inline hooks figures into the shell that exists when it is imported. A kernel imports
-# them itself, after its shell is up, as in a kernel Jupyter starts.
-# What scripts/exercises.py's steps import ("grader"): otter's command line, its grading
-# preprocessor and runner, otter assign, and nbconvert's executor (no kernel runs in them). What
-# the suite's other scripts import ("torch": the engines' parsers, one rank under fake tensors,
-# the concurrent launchers); started by the interpreter they run under.
+# What a server imports once, by kind. "kernel": what a kernel imports before its first cell
+# (ipykernel) and what every grading imports (torch, labkit). Not otter: it imports doctest, whose
+# debugger class then predates IPython's shell, and every check fails ("'_OutputRedirectingPdb'
+# object has no attribute 'set_colors'"). Not matplotlib: it reads its backend (ipykernel's, set
+# by the kernel) when imported, and matplotlib_inline hooks figures into the shell that exists
+# when it is imported. A kernel imports them itself, after its shell is up, as a kernel Jupyter
+# starts does. "grader": what scripts/exercises.py's steps import (otter's command line, its
+# grading preprocessor and runner, otter assign, nbconvert's executor; no kernel runs in them).
+# "torch": what the suite's other scripts import, under the interpreter they run with.
 PRELOADS = {"kernel": ["ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "torch", "numpy",
                        "labkit"],
             "grader": ["otter.cli", "otter.assign", "otter.execute.preprocessor",
