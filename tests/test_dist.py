@@ -178,12 +178,12 @@ def test_concurrent_launches_never_lose_their_port(tmp_path):
                         "if __name__ == '__main__':\n    print(dist_workers.launches_in_a_row(2))\n")
     # each launcher forked from a process that imported torch and labkit (tests/warm_kernels.py);
     # each starts its own ranks' server, as a fresh interpreter does
-    python = python_command("torch", {**os.environ, "PYTHONPATH": str(tests.parent)})
+    env = {**os.environ, "PYTHONPATH": str(tests.parent)}
+    python = python_command("torch", env)
     churner = subprocess.Popen([sys.executable, "-c", churn])
     try:
         procs = [subprocess.Popen([*python, str(launcher)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env={**os.environ, "PYTHONPATH": str(tests.parent)})
-                 for _ in range(4)]
+                                  text=True, env=env) for _ in range(4)]
         outs = [p.communicate(timeout=600) for p in procs]
     finally:
         churner.kill()

@@ -182,6 +182,36 @@ def test_a_forked_script_runs_as_python_runs_it_and_other_python_settings_get_a_
     assert other.returncode == 0 and other.stdout.endswith("|False\n"), other  # a fresh interpreter
 
 
+ENDINGS = textwrap.dedent("""
+    import atexit, sys
+    atexit.register(print, "exit handler ran")
+    how = sys.argv[1]
+    if how == "none":
+        sys.exit()
+    if how == "message":
+        sys.exit("a message")
+    raise ValueError("uncaught")
+""")
+
+
+@pytest.mark.parametrize("how", ["none", "message", "raise"])
+def test_a_forked_script_ends_as_python_ends_it(tmp_path, warm_grader_server, how):
+    """sys.exit() is status 0, sys.exit("a message") prints it and is 1, an uncaught error prints
+    its traceback and is 1; the script's exit handlers run in each case."""
+    if warm_grader_server is None:
+        pytest.skip("scripts are forked only where os.pidfd_open exists (Linux 5.3 or later)")
+    script = tmp_path / "ending.py"
+    script.write_text(ENDINGS)
+    forked = _warm_run(warm_grader_server, script, how, cwd=tmp_path)
+    fresh = subprocess.run([sys.executable, str(script), how], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=RUN)
+    assert forked.stdout == fresh.stdout == "exit handler ran\n", (forked, fresh)
+    assert forked.returncode == fresh.returncode == (0 if how == "none" else 1), (forked, fresh)
+    last = {"none": "", "message": "a message", "raise": "ValueError: uncaught"}[how]
+    assert forked.stderr.strip().splitlines()[-1:] == fresh.stderr.strip().splitlines()[-1:] \
+        == ([last] if last else []), (forked.stderr, fresh.stderr)
+
+
 def test_a_killed_client_ends_its_forked_script(tmp_path, warm_grader_server):
     if warm_grader_server is None:
         pytest.skip("scripts are forked only where os.pidfd_open exists (Linux 5.3 or later)")

@@ -205,10 +205,10 @@ def _fork(conn, listener, parent, waiting, kind, imported_env):
         os.environ.update(request["env"])
         _end_with(request["client"])
         if kind != "kernel":
-            _run_script(request["argv"])
+            code = _run_script(request["argv"])
         else:
             _run_kernel(request["connection_file"], request["extra"])
-        code = 0
+            code = 0
     except SystemExit as exit:
         code = exit.code if isinstance(exit.code, int) else 1
     except BaseException:
@@ -230,13 +230,29 @@ def _run_kernel(connection_file, extra):
     IPKernelApp.launch_instance(argv=[*sys.argv[1:], f"--IPKernelApp.parent_handle={jupyter}"])
 
 
-def _run_script(argv):
-    """Run ``argv[0]`` as ``python SCRIPT ARGS`` would: as __main__, its folder first on sys.path."""
+def _run_script(argv) -> int:
+    """Run ``argv[0]`` as ``python SCRIPT ARGS`` would: as __main__, its folder first on sys.path,
+    its exit handlers run at its end; return its exit status (``sys.exit(None)`` is 0, a message is
+    printed and is 1, an uncaught exception's traceback is printed and is 1)."""
+    import atexit
     import runpy
+    import traceback
 
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-    runpy.run_path(argv[0], run_name="__main__")
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    return code or 0
 
 
 def _end_with(client_pid: int) -> None:
