@@ -116,6 +116,36 @@ def test_measured_waste_on_a_sharegpt_trace():
     assert waste["max"].utilisation < waste["oracle"].utilisation < waste["paged"].utilisation
 
 
+def test_waste_counted_a_sequence_at_a_time_equals_the_count_block_by_block(model, monkeypatch):
+    """The engine counts a step's slots in closed form, a sequence at a time, only where no block
+    has two holders: there, at every step, it equals the count block by block; where a prefix or
+    a beam is shared, the count is block by block."""
+    from labkit.paged_attention import engine as eng
+
+    by_sequence, by_block = eng.paged_slots_by_sequence, eng.paged_slots_by_block
+    steps = {"compared": 0, "shared": 0}
+
+    def compared(cache, final):
+        assert cache.allocator.num_shared == 0
+        got = by_sequence(cache, final)
+        assert got == by_block(cache, final)
+        steps["compared"] += 1
+        return got
+
+    def shared(cache, final):
+        steps["shared"] += cache.allocator.num_shared > 0
+        return by_block(cache, final)
+
+    monkeypatch.setattr(eng, "paged_slots_by_sequence", compared)
+    monkeypatch.setattr(eng, "paged_slots_by_block", shared)
+    for bs in (4, 16):  # small blocks and a small budget: partial blocks, preemptions
+        trace = synthetic_trace(40, SHAREGPT, max_len=512, rate=0.5, seed=bs)
+        assert Engine(None, num_blocks=2048 // bs, block_size=bs, max_len=512).serve(trace).preemptions > 0
+    prompt = list(range(1, 23))
+    Engine(model, num_blocks=40, block_size=4).serve([Request(prompt, 6), Request(prompt + [5], 6)])
+    assert steps["compared"] > 100 and steps["shared"] > 0, steps
+
+
 def test_bad_requests_raise(model):
     engine = Engine(model, num_blocks=8, block_size=4)
     with pytest.raises(ValueError, match="max_len=64"):

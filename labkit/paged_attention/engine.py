@@ -49,6 +49,31 @@ class ServeResult:
         return self.tokens_generated / self.seconds if self.seconds > 0 else float("nan")
 
 
+def paged_slots_by_block(cache, final: dict) -> tuple[int, int, int]:
+    """The paged cache's slots (token states, reserved, internal) given each sequence's final
+    length, block by block: a block that several sequences hold counts once, as filled and as
+    reserved as its fullest holder makes it."""
+    bs, tokens, reserved, internal = cache.block_size, 0, 0, 0
+    for holders in cache.usage_by_block().values():
+        filled = max(min(bs, max(cache.length(sid) - i * bs, 0)) for sid, i in holders)
+        will = max(filled, max(min(bs, max(final[sid] - i * bs, 0)) for sid, i in holders))
+        tokens, reserved, internal = tokens + filled, reserved + will - filled, internal + bs - will
+    return tokens, reserved, internal
+
+
+def paged_slots_by_sequence(cache, final: dict) -> tuple[int, int, int]:
+    """What :func:`paged_slots_by_block` counts, where no block has two holders, a sequence at a
+    time: its n blocks' slots min(L, n * bs) filled (L its length), min(max(F, L), n * bs) filled
+    or to be (F its final length), the rest beyond its end (a block's count, clamped to [0, bs]
+    and summed over the blocks, is that clamped to [0, n * bs])."""
+    bs, tokens, reserved, internal = cache.block_size, 0, 0, 0
+    for sid, table in cache.tables.items():
+        size, length = len(table) * bs, cache.length(sid)
+        filled, will = min(length, size), min(max(final[sid], length), size)
+        tokens, reserved, internal = tokens + filled, reserved + will - filled, internal + size - will
+    return tokens, reserved, internal
+
+
 class Engine:
     """Serve :class:`Request` traces with ``model`` (a labkit GPT), or with ``model=None``: the
     same scheduling and memory accounting without forwards (every generated token is 0)."""
@@ -82,7 +107,7 @@ class Engine:
 
     def _account(self, sched: Scheduler, waste: Waste) -> None:
         """Add this step's slots by use (token states, reservation, internal, external)."""
-        bs, waiting, running = self.block_size, sched.waiting, sched.running
+        waiting, running = sched.waiting, sched.running
         free = sched.free_slots()
         if waiting and free >= sched.slots_needed(waiting[0]) and not sched.fits_now(waiting[0]):
             waste.add(external=free)  # enough free memory, but not in one piece
@@ -94,12 +119,8 @@ class Engine:
                           internal=g.width * (size - min(size, final)))
             return
         final = {s.sid: s.final_len for g in running for s in g.seqs}
-        length = {sid: self.cache.length(sid) for sid in final}
-        for holders in self.cache.usage_by_block().values():  # a shared block counts once
-            filled = max(min(bs, max(length[sid] - i * bs, 0)) for sid, i in holders)
-            will = max(min(bs, max(final[sid] - i * bs, 0)) for sid, i in holders)
-            will = max(will, filled)
-            waste.add(tokens=filled, reserved=will - filled, internal=bs - will)
+        shared = self.cache.allocator.num_shared > 0
+        waste.add(*(paged_slots_by_block if shared else paged_slots_by_sequence)(self.cache, final))
 
     def _forward(self, seqs, num_new):
         """Logits (V,) of the last new token of each sequence, its ``num_new`` slots reserved."""
