@@ -69,10 +69,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A lab's cell waits for its outputs longer on a slow machine (tests/nbval_kernel.py)."""
+    _warm_fork_servers()
     if item.path.suffix == ".ipynb" and hasattr(item, "output_timeout"):
         from nbval_kernel import output_seconds
 
         item.output_timeout = output_seconds()
+
+
+def _warm_fork_servers() -> None:
+    """labkit.dist's fork server, in this process and in those it starts (labs' kernels, gradings,
+    scripts), is forked from this process's torch server (tests/warm_kernels.py), which imported
+    what it preloads, instead of starting as a fresh interpreter: 2 to 3 CPU-seconds each, some
+    fifteen times a run (labkit/fork_server.py; scripts/results/suite_times.md). A value already
+    set (by the process that started this one) is kept."""
+    from labkit.fork_server import KNOB
+
+    if KNOB not in os.environ:
+        if str(ROOT / "tests") not in sys.path:
+            sys.path.insert(0, str(ROOT / "tests"))
+        import warm_kernels
+
+        os.environ[KNOB] = warm_kernels.fork_server_knob() or ""
 
 
 def toc_pages() -> list[str]:

@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 
 from .busy import busy_note, timeout_scale
 from .comm_counter import CommCounter, CommStats
+from .fork_server import ensure_fork_server
 from .validate import check_choice, check_int, check_positive
 
 __all__ = ["launch", "rendezvous_store", "RendezvousError", "timeout_scale", "busy_note", "init_from_env",
@@ -83,9 +84,8 @@ def _rank_context():
     _server_env = env if _server_env is None else _server_env
     if env != _server_env:
         return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
+    ensure_fork_server(_PRELOAD)  # started by LABKIT_FORK_SERVER_PYTHON's executable, if it names one
+    return mp.get_context("forkserver")
 
 
 def _default_backend(local_ranks: int = 1) -> str:

@@ -127,3 +127,9 @@ def launches_in_a_row(count):
     The collectives' timeout is generous: this runs beside other launches on a loaded machine."""
     from labkit.dist import launch
     return [launch(rank_and_pid, 2, timeout_s=120)[1][0] for _ in range(count)]
+
+
+def fork_server_command(rank, world_size):
+    """The command line of the process this rank was forked from (labkit.dist's fork server)."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        return rank, f.read().replace(b"\0", b" ").decode()

@@ -1,6 +1,7 @@
 """The launcher and the communication counter, on real gloo processes."""
 
 import os
+import sys
 import time
 import types
 
@@ -229,3 +230,23 @@ def test_ranks_that_cannot_connect_are_started_again_then_reported(monkeypatch):
     with pytest.raises(DistributedError, match=r"(?s)could not connect to each other in 3 tries.*no-such-interface0"):
         launch(dist_workers.rank_and_pid, 2, timeout_s=20)
     assert time.monotonic() - start < 60
+
+
+def test_the_fork_server_knob_is_read_as_documented(tmp_path):
+    """LABKIT_FORK_SERVER_PYTHON=<interpreter><os.pathsep><executable> (labkit/fork_server.py):
+    empty is unset, another interpreter's is not this process's, and a malformed value or one
+    naming no executable is refused by name."""
+    from labkit.fork_server import fork_server_executable
+
+    exe = tmp_path / "stands-for-python"
+    exe.write_text("#!/bin/sh\nexec python3 \"$@\"\n")
+    exe.chmod(0o755)
+    assert fork_server_executable("") is None
+    assert fork_server_executable(f"{sys.executable}{os.pathsep}{exe}") == str(exe)
+    assert fork_server_executable(f"{tmp_path / 'other' / 'python'}{os.pathsep}{exe}") is None
+    for bad, what in [(str(exe), "must be <interpreter>"), (f"{sys.executable}{os.pathsep}", "must be"),
+                      (f"{sys.executable}{os.pathsep}{tmp_path / 'missing'}", "not an executable"),
+                      (f"{sys.executable}{os.pathsep}{tmp_path}", "not an executable")]:
+        with pytest.raises(ValueError, match="LABKIT_FORK_SERVER_PYTHON") as err:
+            fork_server_executable(bad)
+        assert what in str(err.value), bad

@@ -13,14 +13,17 @@ import shlex
 import signal
 import subprocess
 import sys
+import shutil
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from jupyter_client import KernelManager
 
 from labkit.busy import timeout_scale
 
+ROOT = Path(__file__).resolve().parents[1]
 RUN = 60 * timeout_scale()  # seconds any step below may take on a slow machine
 
 
@@ -226,3 +229,56 @@ def test_a_killed_client_ends_its_forked_script(tmp_path, warm_grader_server):
         proc.kill()
         proc.wait()
     assert _gone(pid), "the forked script outlived its killed client"
+
+
+LAUNCH = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {str(ROOT / "tests")!r})
+    from labkit.dist import launch
+    from dist_workers import fork_server_command
+    if __name__ == "__main__":
+        for rank, command in launch(fork_server_command, 2, backend="gloo"):
+            print(rank, "forked" if "warm_kernels.py serve" in command else
+                  "fresh" if "multiprocessing.forkserver import main" in command else command)
+""")
+
+
+def test_a_fork_server_is_forked_from_the_torch_server_and_other_settings_get_a_fresh_one(tmp_path):
+    """Under LABKIT_FORK_SERVER_PYTHON (warm_kernels.fork_server_knob), labkit.dist's fork server
+    is forked from the torch server and its ranks run; a launch under another value of a variable
+    torch reads when imported, or from a folder holding another labkit, gets a fresh one."""
+    import warm_kernels
+    from labkit.fork_server import KNOB
+
+    knob = warm_kernels.fork_server_knob()
+    if knob is None:
+        pytest.skip("fork servers are forked only where os.pidfd_open exists (Linux 5.3 or later)")
+    env = dict(os.environ, **{KNOB: knob})
+
+    script = tmp_path / "launch.py"
+    script.write_text(LAUNCH)
+
+    def ranks(env):  # the launching script itself forked from the torch server where it can be
+        proc = subprocess.run([*warm_kernels.python_command("torch", env), str(script)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=RUN)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()
+
+    assert ranks(env) == ["0", "forked", "1", "forked"]
+    other = "avx2" if os.environ.get("ATEN_CPU_CAPABILITY") == "default" else "default"
+    assert ranks(dict(env, ATEN_CPU_CAPABILITY=other)) == ["0", "fresh", "1", "fresh"]
+    shadow = tmp_path / "labkit"  # what a fresh `python -c` in this folder would import
+    shutil.copytree(ROOT / "labkit", shadow, ignore=shutil.ignore_patterns("__pycache__"))
+    assert ranks(env) == ["0", "fresh", "1", "fresh"]
+
+
+def test_only_a_fork_server_command_is_forked():
+    import warm_kernels
+
+    code = "from multiprocessing.forkserver import main; main(7, 9, ['torch'], **{'sys_path': ['/x']})"
+    assert warm_kernels._fork_server_call(["-B", "-c", code]) == (7, 9, ["torch"], {"sys_path": ["/x"]})
+    assert warm_kernels._fork_server_call(["-c", code.replace(", **{'sys_path': ['/x']}", "")]) == (
+        7, 9, ["torch"], {})
+    for args in (["-I", "-c", code], ["-c", "print(1)"], ["script.py"], [],
+                 ["-c", code.replace("main(7", "main(x")], ["-c", code.replace("forkserver", "spawn")]):
+        assert warm_kernels._fork_server_call(args) is None, args

@@ -21,6 +21,14 @@ parsers, under .venv-engines' interpreter; one rank under fake tensors; concurre
 A forked script runs as ``python SCRIPT ARGS`` would: as __main__, in the client's folder,
 environment and streams, its exit status the client's.
 
+labkit.dist's fork server too (``forkserver SOCKET [-B] -c CODE``): the torch server also imports
+what it preloads (labkit.dist._PRELOAD), and :func:`fork_server_knob` writes an executable that
+stands for the interpreter when multiprocessing starts the fork server (LABKIT_FORK_SERVER_PYTHON,
+labkit/fork_server.py): it hands the server the fork server's listener and "alive" pipe, and the
+server forks a child that runs the fork server's loop with them, as ``python -c CODE`` would. The
+root conftest.py sets it for every process the suite starts. A fork server from a folder holding
+another copy of a package the server imported (what ``python -c`` there would import) is fresh.
+
 A request the server cannot serve as a fresh process would be is run by a fresh one: a variable
 torch reads when imported (ATEN_CPU_CAPABILITY, ...) or, for a script, a Python variable
 (PYTHONPATH, ...) other than the server's, or no server answering.
@@ -51,6 +59,8 @@ PRELOADS = {"kernel": ["ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.z
                        "otter.run.run_autograder.runners.python_runner", "nbconvert.preprocessors",
                        "nbformat"],
             "torch": ["torch", "torch.distributed", "labkit", "labkit.dist"]}
+# and, for "torch", what labkit.dist's fork server preloads (labkit.dist._PRELOAD): a fork server
+# forked from it (this file's forkserver client) starts with everything imported
 
 
 def _start_env(env: dict, kind: str) -> dict:
@@ -66,6 +76,7 @@ def _start_env(env: dict, kind: str) -> dict:
 
 
 _servers = {}  # (kind, interpreter) -> what server() returned: this process's servers
+_fork_servers = {}  # interpreter -> the executable that forks a fork server from its torch server
 
 
 def server(kind: str, python: str = sys.executable, env: dict | None = None) -> str | None:
@@ -91,7 +102,22 @@ def server(kind: str, python: str = sys.executable, env: dict | None = None) -> 
             raise RuntimeError(f"the {kind} server did not start (exit {proc.wait()}): {said!r}")
         _servers[kind, python] = (kernelspec_folder(os.path.join(folder, "spec"), sock) if kind == "kernel"
                                   else shlex.join([python, "-S", os.path.abspath(__file__), "run", sock]))
+        if kind == "torch":  # the executable that stands for `python` when a fork server starts
+            wrapper = os.path.join(folder, "forkserver")
+            with open(wrapper, "w") as f:
+                f.write(f'#!/bin/sh\nexec {shlex.join([python, "-S", os.path.abspath(__file__), "forkserver", sock])} "$@"\n')
+            os.chmod(wrapper, 0o755)
+            _fork_servers[python] = wrapper
     return _servers[kind, python]
+
+
+def fork_server_knob(python: str = sys.executable) -> str | None:
+    """A value of LABKIT_FORK_SERVER_PYTHON (labkit/fork_server.py) under which a process of
+    ``python`` that launches ranks forks its fork server from this process's torch server; None
+    without one."""
+    if server("torch", python) is None:
+        return None
+    return f"{python}{os.pathsep}{_fork_servers[python]}"
 
 
 def python_command(kind: str, env: dict, python: str = sys.executable) -> list[str]:
@@ -139,6 +165,11 @@ def serve(path: str, kind: str = "kernel") -> None:
             importlib.import_module(name)
         except Exception:  # a kernel imports it itself
             pass
+    for name in sys.modules["labkit.dist"]._PRELOAD if kind == "torch" else []:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the fork server imports it itself
+            pass
     gc.collect()
     gc.freeze()  # a child's collections do not walk (and so copy) the server's objects
     imported_env = _start_env(os.environ, kind)
@@ -171,12 +202,15 @@ def serve(path: str, kind: str = "kernel") -> None:
 def _fork(conn, listener, parent, waiting, kind, imported_env):
     """Read a request from ``conn``; fork and run the kernel (the script) in the child. Returns the
     child's pid (0 if the request was refused: the client then starts a fresh process)."""
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 5)
     while chunk := conn.recv(1 << 16):  # the rest of the request, up to the client's end of it
         data += chunk
     request = json.loads(data.decode())
-    asked = "kernel" if kind == "kernel" else "run"
-    if len(fds) != 3 or request["kind"] != asked or _start_env(request["env"], kind) != imported_env:
+    asked = {"kernel": ["kernel"], "torch": ["run", "forkserver"]}.get(kind, ["run"])
+    forkserver = request["kind"] == "forkserver"
+    if (len(fds) != 3 + 2 * forkserver or request["kind"] not in asked
+            or _start_env(request["env"], kind) != imported_env
+            or forkserver and _shadowed(request["cwd"], request["preload"])):
         for fd in fds:
             os.close(fd)
         conn.sendall(b"refused\n")
@@ -197,14 +231,17 @@ def _fork(conn, listener, parent, waiting, kind, imported_env):
         for other, client in waiting.values():
             client.close()
         os.setsid()
-        for target, fd in enumerate(fds):
+        for target, fd in enumerate(fds[:3]):  # the standard streams; a fork server's two more stay
             os.dup2(fd, target)
             os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        _end_with(request["client"])
-        if kind != "kernel":
+        if not forkserver:  # a fork server ends when the processes that use it are gone
+            _end_with(request["client"])
+        if forkserver:
+            code = _run_fork_server(*fds[3:], request)
+        elif kind != "kernel":
             code = _run_script(request["argv"])
         else:
             _run_kernel(request["connection_file"], request["extra"])
@@ -255,6 +292,30 @@ def _run_script(argv) -> int:
     return code or 0
 
 
+def _shadowed(cwd: str, preload: list) -> bool:
+    """Whether a package the server imported is another one in ``cwd``, where a fresh fork server
+    (``python -c``: the folder first on sys.path) would import it from."""
+    for name in {m.split(".")[0] for m in preload} & set(sys.modules):
+        here = getattr(sys.modules[name], "__file__", None) or ""
+        for there in (os.path.join(cwd, name, "__init__.py"), os.path.join(cwd, name + ".py")):
+            if os.path.exists(there) and os.path.realpath(there) != os.path.realpath(here):
+                return True
+    return False
+
+
+def _run_fork_server(listener: int, alive: int, request: dict) -> int:
+    """multiprocessing's fork server, as ``python -c "...main(listener, alive, preload, **data)"``
+    runs it (the client read those from the command): until the processes that use it are gone."""
+    from multiprocessing.forkserver import main
+
+    sys.argv, sys.path[0], sys.dont_write_bytecode = ["-c"], "", request["dont_write_bytecode"]
+    try:
+        main(listener, alive, request["preload"], **request["data"])
+    except SystemExit as exit:  # what it raises when the last user is gone
+        return exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    return 0
+
+
 def _end_with(client_pid: int) -> None:
     """End this process when the client does (jupyter_client kills the client, not the kernel)."""
     import threading
@@ -282,15 +343,48 @@ def run(path: str, script: str, *args: str) -> None:
     _stand_for(path, {"kind": "run", "argv": [script, *args]}, [script, *args])
 
 
-def _stand_for(path: str, request: dict, fresh: list) -> None:
-    """Send ``request`` (with this process's folder, environment and standard streams) and stand
-    for the process the server forks; ``python *fresh`` in this process if it refuses."""
+def fork_server(path: str, *args: str) -> None:
+    """Stand for multiprocessing's fork server, started as ``python ARGS`` (``[-B] -c CODE``) with
+    its listener and "alive" pipe open: forked from the torch server at ``path``, which imported
+    what it preloads; ``python ARGS`` itself for a command of another form or a refusal."""
+    call = _fork_server_call(args)
+    if call is None:
+        os.execv(sys.executable, [sys.executable, *args])
+    listener, alive, preload, data = call
+    _stand_for(path, {"kind": "forkserver", "preload": preload, "data": data,
+                      "dont_write_bytecode": args[0] == "-B"}, list(args), [listener, alive])
+
+
+def _fork_server_call(args):
+    """(listener, alive, preload, data) from ``[-B] -c "from multiprocessing.forkserver import main;
+    main(listener, alive, preload, **data)"``, or None for anything else."""
+    import ast
+
+    if len(args) < 2 or args[-2] != "-c" or list(args[:-2]) not in ([], ["-B"]):
+        return None
+    code = args[-1]
+    try:
+        first, second = ast.parse(code).body
+        call = second.value
+        assert isinstance(first, ast.ImportFrom) and first.module == "multiprocessing.forkserver"
+        assert [a.name for a in first.names] == ["main"] and call.func.id == "main"
+        listener, alive, preload = (ast.literal_eval(a) for a in call.args)
+        (data,) = [ast.literal_eval(k.value) for k in call.keywords if k.arg is None] or [{}]
+        assert len(call.keywords) <= 1 and isinstance(listener, int) and isinstance(alive, int)
+        return listener, alive, list(preload), dict(data)
+    except (AssertionError, AttributeError, SyntaxError, TypeError, ValueError):
+        return None
+
+
+def _stand_for(path: str, request: dict, fresh: list, fds: tuple = ()) -> None:
+    """Send ``request`` (with this process's folder, environment and standard streams, and ``fds``)
+    and stand for the process the server forks; ``python *fresh`` in this process if it refuses."""
     request = dict(request, cwd=os.getcwd(), env=dict(os.environ), client=os.getpid())
     said = b""
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
-        socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+        socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2, *fds])
         conn.shutdown(socket.SHUT_WR)  # the request ends here; replies still come
         while b"\n" not in said:
             chunk = conn.recv(64)
@@ -328,8 +422,8 @@ def _stand_for(path: str, request: dict, fresh: list) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"] and len(sys.argv) in (3, 4) and set(sys.argv[3:]) <= set(PRELOADS):
         serve(*sys.argv[2:])
-    elif sys.argv[1:2] in (["kernel"], ["run"]) and len(sys.argv) >= 4:
-        (kernel if sys.argv[1] == "kernel" else run)(*sys.argv[2:])
+    elif sys.argv[1:2] in (["kernel"], ["run"], ["forkserver"]) and len(sys.argv) >= 4:
+        {"kernel": kernel, "run": run, "forkserver": fork_server}[sys.argv[1]](*sys.argv[2:])
     else:
         sys.exit("usage: warm_kernels.py serve SOCKET [kernel|grader|torch] | kernel SOCKET CONNECTION_FILE [ARG ...]"
-                 " | run SOCKET SCRIPT [ARG ...]")
+                 " | run SOCKET SCRIPT [ARG ...] | forkserver SOCKET [-B] -c CODE")
