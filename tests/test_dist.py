@@ -179,7 +179,7 @@ def test_concurrent_launches_never_lose_their_port(tmp_path):
                         "if __name__ == '__main__':\n    print(dist_workers.launches_in_a_row(2))\n")
     # each launcher forked from a process that imported torch and labkit (tests/warm_kernels.py);
     # each starts its own ranks' server, as a fresh interpreter does
-    env = {**os.environ, "PYTHONPATH": str(tests.parent)}
+    env = dict(os.environ)  # the worker's own, as its torch server's: another PYTHONPATH runs fresh
     python = python_command("torch", env)
     churner = subprocess.Popen([sys.executable, "-c", churn])
     try:

@@ -87,7 +87,7 @@ def measure(name: str, n_layer: int, tp: int, pp: int, sp: int = 0, seq_len: int
 
 
 def _run(name: str, n_layer: int, tp: int, pp: int, sp: bool) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)  # the worker's own: its torch server's (labkit is installed, tests/ is the script's)
     # forked from a process that imported torch and labkit (tests/warm_kernels.py): fresh otherwise
     out = subprocess.run([*python_command("torch", env), __file__, name, str(n_layer), str(tp), str(pp),
                           str(int(sp))], capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
