@@ -406,3 +406,31 @@ def test_a_slow_page_gets_one_more_wait_on_a_busy_machine_only(monkeypatch):
     deadline = browser_support.Deadline(0.001)
     time.sleep(0.05 * browser_support.SCALE)
     assert deadline.passed() and "more" not in deadline.said()
+
+
+def test_chromium_keeps_playwrights_disabled_features_and_opens_no_omnibox_popup(browser, book_tabs):
+    """CHROMIUM_ARGS' --disable-features replaces Playwright's own, so it must repeat what the
+    installed Playwright disables (read from its chromiumSwitches); and a page's window holds no
+    browser UI page (the omnibox's pop-up, a renderer for each tab) beside the page."""
+    import re
+    from pathlib import Path
+
+    import playwright
+    from browser_support import CHROMIUM_ARGS, NO_OMNIBOX_POPUP
+
+    package = Path(playwright.__file__).parent / "driver" / "package" / "lib"
+    lists = [re.search(r"disabledFeatures = \[(.*?)\]", p.read_text(encoding="utf-8"), re.S)
+             for p in package.rglob("*.js") if "disabledFeatures = [" in p.read_text(encoding="utf-8")]
+    assert lists and all(lists), f"Playwright's list of disabled features not found under {package}"
+    playwrights = {name for m in lists for name in re.findall(r'^\s*"(\w+)"', m.group(1), re.M)}
+    ours = [a for a in CHROMIUM_ARGS if a.startswith("--disable-features=")]
+    assert len(ours) == 1, ours
+    missing = playwrights - set(ours[0].split("=", 1)[1].split(","))
+    assert len(playwrights) > 5 and not missing, f"add Playwright's {sorted(missing)} to PLAYWRIGHT_DISABLED"
+    tab = book_tabs.new_page()
+    try:
+        tab.set_content("<p>a page</p>")
+        targets = browser.new_browser_cdp_session().send("Target.getTargets")["targetInfos"]
+    finally:
+        tab.close()
+    assert not [t["url"] for t in targets if t["type"] != "page"], (NO_OMNIBOX_POPUP, targets)
