@@ -130,6 +130,7 @@ def launches_in_a_row(count):
 
 
 def fork_server_command(rank, world_size):
-    """The command line of the process this rank was forked from (labkit.dist's fork server)."""
+    """The command line of the process this rank was forked from (labkit.dist's fork server), and
+    this rank's session."""
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-        return rank, f.read().replace(b"\0", b" ").decode()
+        return rank, f.read().replace(b"\0", b" ").decode(), os.getsid(0)

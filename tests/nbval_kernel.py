@@ -52,7 +52,11 @@ class PatientKernel(RunningKernel):
         self._stderr = tempfile.TemporaryFile()
         self.km = KernelManager(kernel_name=kernel_name, kernel_spec_manager=NbvalKernelspecManager(),
                                 transport="ipc", ip=os.path.join(self._sockets, "k"))
-        self.km.start_kernel(stderr=self._stderr, cwd=cwd)
+        # a lab starts its ranks as a reader's run does: from a fork server of its own kernel's
+        # (not one forked from the worker's torch server: conftest._warm_fork_servers), in the
+        # kernel's session, which Linux schedules as a group (Lab 6 times its pipeline's stages)
+        env = {k: v for k, v in os.environ.items() if k != "LABKIT_FORK_SERVER_PYTHON"}
+        self.km.start_kernel(stderr=self._stderr, cwd=cwd, env=env)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=limit)

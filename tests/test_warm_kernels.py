@@ -237,15 +237,16 @@ LAUNCH = textwrap.dedent(f"""
     from labkit.dist import launch
     from dist_workers import fork_server_command
     if __name__ == "__main__":
-        for rank, command in launch(fork_server_command, 2, backend="gloo"):
+        for rank, command, session in launch(fork_server_command, 2, backend="gloo"):
             print(rank, "forked" if "warm_kernels.py serve" in command else
-                  "fresh" if "multiprocessing.forkserver import main" in command else command)
+                  "fresh" if "multiprocessing.forkserver import main" in command else command, session)
 """)
 
 
 def test_a_fork_server_is_forked_from_the_torch_server_and_other_settings_get_a_fresh_one(tmp_path):
     """Under LABKIT_FORK_SERVER_PYTHON (warm_kernels.fork_server_knob), labkit.dist's fork server
-    is forked from the torch server and its ranks run; a launch under another value of a variable
+    is forked from the torch server and its ranks run, in the session of the process that started
+    the server (Linux schedules a session as a group); a launch under another value of a variable
     torch reads when imported, or from a folder holding another labkit, gets a fresh one."""
     import warm_kernels
     from labkit.fork_server import KNOB
@@ -264,12 +265,13 @@ def test_a_fork_server_is_forked_from_the_torch_server_and_other_settings_get_a_
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.split()
 
-    assert ranks(env) == ["0", "forked", "1", "forked"]
+    session = str(os.getsid(0))  # the torch server's, and so its fork servers' and their ranks'
+    assert ranks(env) == ["0", "forked", session, "1", "forked", session]
     other = "avx2" if os.environ.get("ATEN_CPU_CAPABILITY") == "default" else "default"
-    assert ranks(dict(env, ATEN_CPU_CAPABILITY=other)) == ["0", "fresh", "1", "fresh"]
+    assert ranks(dict(env, ATEN_CPU_CAPABILITY=other))[1::3] == ["fresh", "fresh"]
     shadow = tmp_path / "labkit"  # what a fresh `python -c` in this folder would import
     shutil.copytree(ROOT / "labkit", shadow, ignore=shutil.ignore_patterns("__pycache__"))
-    assert ranks(env) == ["0", "fresh", "1", "fresh"]
+    assert ranks(env)[1::3] == ["fresh", "fresh"]
 
 
 def test_only_a_fork_server_command_is_forked():

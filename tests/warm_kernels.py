@@ -25,9 +25,10 @@ labkit.dist's fork server too (``forkserver SOCKET [-B] -c CODE``): the torch se
 what it preloads (labkit.dist._PRELOAD), and :func:`fork_server_knob` writes an executable that
 stands for the interpreter when multiprocessing starts the fork server (LABKIT_FORK_SERVER_PYTHON,
 labkit/fork_server.py): it hands the server the fork server's listener and "alive" pipe, and the
-server forks a child that runs the fork server's loop with them, as ``python -c CODE`` would. The
-root conftest.py sets it for every process the suite starts. A fork server from a folder holding
-another copy of a package the server imported (what ``python -c`` there would import) is fresh.
+server forks a child that runs the fork server's loop with them, as ``python -c CODE`` would, in
+the server's session (the torch server's is its parent's). The root conftest.py sets it for the
+processes the suite starts but the labs' kernels. A fork server from a folder holding another copy
+of a package the server imported (what ``python -c`` there would import) is fresh.
 
 A request the server cannot serve as a fresh process would be is run by a fresh one: a variable
 torch reads when imported (ATEN_CPU_CAPABILITY, ...) or, for a script, a Python variable
@@ -94,8 +95,11 @@ def server(kind: str, python: str = sys.executable, env: dict | None = None) -> 
     if (kind, python) not in _servers:
         folder = tempfile.mkdtemp(prefix="wk")  # short: a socket's path has at most 107 bytes
         sock = os.path.join(folder, "server")
+        # a session of its own, but for the torch server: the fork servers it forks stay in this
+        # process's session, as a fork server started here would, and their ranks with them (Linux
+        # schedules a session's processes as one group: the ranks compete as this process's do)
         proc = subprocess.Popen([python, os.path.abspath(__file__), "serve", sock, kind], env=env,
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+                                stdout=subprocess.PIPE, text=True, start_new_session=kind != "torch")
         said = proc.stdout.readline().strip()  # "ready" once it has imported; "" if it died
         atexit.register(_end, proc, folder)
         if said != "ready":
@@ -160,6 +164,8 @@ def serve(path: str, kind: str = "kernel") -> None:
     # the pytest worker that started this server: when it is gone, so is the server (opened
     # first: a parent that dies while the imports run would leave getppid() naming init)
     parent = os.pidfd_open(os.getppid())
+    if kind == "torch":  # in its parent's session: a Ctrl-C there ends the parent, and so this
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in PRELOADS[kind]:
         try:
             importlib.import_module(name)
@@ -230,7 +236,9 @@ def _fork(conn, listener, parent, waiting, kind, imported_env):
             os.close(fd)
         for other, client in waiting.values():
             client.close()
-        os.setsid()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has it
+        if not forkserver:  # a fork server stays in the server's session (see server())
+            os.setsid()
         for target, fd in enumerate(fds[:3]):  # the standard streams; a fork server's two more stay
             os.dup2(fd, target)
             os.close(fd)
