@@ -20,6 +20,7 @@ from jupyter_client import KernelManager
 from nbval.kernel import NbvalKernelspecManager, RunningKernel
 
 from labkit.busy import busy_note, timeout_scale
+from labkit.fork_server import KNOB as FORK_SERVER_KNOB
 
 # nbval's wait for a cell's outputs after its reply, in seconds (IPyNbCell.output_timeout)
 OUTPUT_SECONDS = 5
@@ -55,7 +56,7 @@ class PatientKernel(RunningKernel):
         # a lab starts its ranks as a reader's run does: from a fork server of its own kernel's
         # (not one forked from the worker's torch server: conftest._warm_fork_servers), in the
         # kernel's session, which Linux schedules as a group (Lab 6 times its pipeline's stages)
-        env = {k: v for k, v in os.environ.items() if k != "LABKIT_FORK_SERVER_PYTHON"}
+        env = {k: v for k, v in os.environ.items() if k != FORK_SERVER_KNOB}
         self.km.start_kernel(stderr=self._stderr, cwd=cwd, env=env)
         self.kc = self.km.client()
         self.kc.start_channels()

@@ -177,8 +177,9 @@ def test_concurrent_launches_never_lose_their_port(tmp_path):
     launcher = tmp_path / "launcher.py"
     launcher.write_text(f"import sys\nsys.path.insert(0, {str(tests)!r})\nimport dist_workers\n"
                         "if __name__ == '__main__':\n    print(dist_workers.launches_in_a_row(2))\n")
-    # each launcher forked from a process that imported torch and labkit (tests/warm_kernels.py);
-    # each starts its own ranks' server, as a fresh interpreter does
+    # each launcher forked from a process that imported torch and labkit (tests/warm_kernels.py),
+    # and each launcher's ranks' server forked from it too (LABKIT_FORK_SERVER_PYTHON, conftest.py);
+    # every launch still holds its own store, whose port is the point here
     env = dict(os.environ)  # the worker's own, as its torch server's: another PYTHONPATH runs fresh
     python = python_command("torch", env)
     churner = subprocess.Popen([sys.executable, "-c", churn])
