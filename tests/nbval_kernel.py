@@ -8,6 +8,10 @@ own, with nbval's startup time times ``LABKIT_TIMEOUT_SCALE``. A kernel that die
 answer in time gets one more start on a busy machine (labkit.busy), since the lab has not run a
 cell yet; a failure says what the kernel printed, how busy the machine is and which knob to turn.
 The root conftest.py puts it in nbval's place; a cell's wait for its outputs stretches there too.
+Its python3 kernel is forked from the worker's kernel server (tests/warm_kernels.py), which
+imported ipykernel, torch and labkit once, as the gradings' kernels are: the lab then runs as in a
+kernel Jupyter started (its folder, environment, session and streams), without paying for those
+imports again (about 2 CPU-seconds a lab).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ class PatientKernel(RunningKernel):
         # a socket path has at most 107 bytes: a short folder under the system's temp
         self._sockets = tempfile.mkdtemp(prefix="nbk")
         self._stderr = tempfile.TemporaryFile()
-        self.km = KernelManager(kernel_name=kernel_name, kernel_spec_manager=NbvalKernelspecManager(),
+        self.km = KernelManager(kernel_name=kernel_name, kernel_spec_manager=_kernelspecs(),
                                 transport="ipc", ip=os.path.join(self._sockets, "k"))
         # a lab starts its ranks as a reader's run does: from a fork server of its own kernel's
         # (not one forked from the worker's torch server: conftest._warm_fork_servers), in the
@@ -81,6 +85,19 @@ class PatientKernel(RunningKernel):
         super().stop()
         self._stderr.close()
         shutil.rmtree(self._sockets, ignore_errors=True)
+
+
+def _kernelspecs() -> NbvalKernelspecManager:
+    """nbval's kernelspecs, python3 first from the worker's kernel server's folder (forked kernels;
+    other names as Jupyter finds them), or as they are where no server runs (not Linux)."""
+    from jupyter_core.paths import jupyter_path
+
+    import warm_kernels
+
+    folder = warm_kernels.server("kernel")
+    if folder is None:
+        return NbvalKernelspecManager()
+    return NbvalKernelspecManager(kernel_dirs=[os.path.join(folder, "kernels"), *jupyter_path("kernels")])
 
 
 def output_seconds() -> float:

@@ -12,6 +12,7 @@ import nbval.plugin
 import pytest
 
 import nbval_kernel
+import warm_kernels
 from labkit.busy import timeout_scale
 from nbval_kernel import PatientKernel
 
@@ -25,6 +26,9 @@ def test_nbval_starts_the_labs_kernels_this_way():
 def test_a_lab_kernel_runs_over_unix_sockets_and_leaves_nothing(tmp_path):
     kernel = PatientKernel("python3", cwd=str(tmp_path))
     try:
+        # forked from this worker's kernel server where one runs (tests/warm_kernels.py)
+        forked = warm_kernels.server("kernel") is not None
+        assert (kernel.km.kernel_spec.display_name == "Python 3 (forked)") == forked
         info = kernel.km.get_connection_info()
         assert info["transport"] == "ipc", info
         sockets = kernel._sockets

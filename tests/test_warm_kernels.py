@@ -81,8 +81,10 @@ def test_a_forked_kernel_runs_interrupts_and_ends_like_a_started_one(tmp_path, m
         assert km.kernel_spec.display_name == "Python 3 (forked)"
         status, _, printed = _run(kc, "import os, sys\nprint('torch' in sys.modules, os.getcwd(), "
                                       "os.environ['WARM_KERNEL_PROBE'], "
-                                      "get_ipython().history_manager.hist_file, sep='|')")
-        assert (status, printed) == ("ok", f"True|{tmp_path}|from the client|:memory:\n"), printed
+                                      "get_ipython().history_manager.hist_file, sys.path[0], sep='|')")
+        # sys.path[0]: the kernel's folder, as `python -m ipykernel_launcher` has it (a notebook
+        # imports a module beside it), not the server's (tests/)
+        assert (status, printed) == ("ok", f"True|{tmp_path}|from the client|:memory:|{tmp_path}\n"), printed
         pid = _pid_of_kernel(kc)
         assert pid != km.provisioner.pid  # forked by the server, not the process Jupyter started
         msg_id = kc.execute("while True:\n    pass")

@@ -11,7 +11,7 @@ forked kernel. It passes signals on (SIGINT is an interrupt) and ends with the k
 status; a kernel whose client is killed ends at once (a watch on the client). A JUPYTER_PATH
 naming that folder makes otter's kernels these (tests/test_exercises.py's ``warm_kernels``
 fixture, for the gradings that test what a kernel computes; those that test how a kernel is
-started or stopped keep real ones).
+started or stopped keep real ones), and tests/nbval_kernel.py makes the labs' kernels these.
 
 Scripts the same way (``run SOCKET SCRIPT ARGS``): ``serve SOCKET grader`` imports otter and
 nbconvert for scripts/exercises.py's steps (``_otter-run``, ``_otter-assign``: 1.1 of their 1.5
@@ -268,6 +268,7 @@ def _fork(conn, listener, parent, waiting, kind, imported_env):
 
 def _run_kernel(connection_file, extra):
     sys.argv = ["ipykernel_launcher", "-f", connection_file, *extra]
+    sys.path[0] = os.getcwd()  # as `python -m ipykernel_launcher` has it (the server's: tests/)
     from ipykernel.kernelapp import IPKernelApp
 
     # read from the environment when ipykernel was imported, in the server: the client's here
