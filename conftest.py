@@ -77,8 +77,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _warm_fork_servers() -> None:
-    """labkit.dist's fork server, in this process and in those it starts (gradings, scripts; not
-    the labs' kernels: tests/nbval_kernel.py), is forked from this process's torch server
+    """labkit.dist's fork server, in this process and in those it starts (gradings, scripts, the
+    labs' kernels), is forked from this process's torch server
     (tests/warm_kernels.py), which imported what it preloads, instead of starting as a fresh
     interpreter: 2 to 3 CPU-seconds each (labkit/fork_server.py; scripts/results/suite_times.md).
     A value already set (by the process that started this one) is kept."""

@@ -14,6 +14,7 @@ import pytest
 import nbval_kernel
 import warm_kernels
 from labkit.busy import timeout_scale
+from labkit.fork_server import KNOB
 from nbval_kernel import PatientKernel
 
 BUSY = "this machine is busy (load 9.0 on 2 cores), ... LABKIT_TIMEOUT_SCALE=4"
@@ -34,7 +35,10 @@ def test_a_lab_kernel_runs_over_unix_sockets_and_leaves_nothing(tmp_path):
         sockets = kernel._sockets
         assert info["ip"].startswith(sockets)
         assert sorted(os.listdir(sockets)), "no socket files in the kernel's own folder"
-        msg_id = kernel.execute_cell_input("import os; print(6 * 7, os.getcwd())", allow_stdin=False)
+        # its environment is this one, LABKIT_FORK_SERVER_PYTHON included (its ranks' fork server
+        # forked from this worker's torch server)
+        code = f"import os; print(6 * 7, os.getcwd(), os.environ.get({KNOB!r}) == {os.environ.get(KNOB)!r})"
+        msg_id = kernel.execute_cell_input(code, allow_stdin=False)
         kernel.await_reply(msg_id, timeout=60 * timeout_scale())
         printed = ""
         while True:
@@ -48,7 +52,7 @@ def test_a_lab_kernel_runs_over_unix_sockets_and_leaves_nothing(tmp_path):
                 printed += msg["content"]["text"]
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 break
-        assert printed == f"42 {tmp_path}\n", printed
+        assert printed == f"42 {tmp_path} True\n", printed
     finally:
         kernel.stop()
     assert not os.path.exists(sockets), "the kernel's socket folder was left behind"

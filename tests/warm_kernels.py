@@ -27,7 +27,7 @@ stands for the interpreter when multiprocessing starts the fork server (LABKIT_F
 labkit/fork_server.py): it hands the server the fork server's listener and "alive" pipe, and the
 server forks a child that runs the fork server's loop with them, as ``python -c CODE`` would, in
 the server's session (the torch server's is its parent's). The root conftest.py sets it for the
-processes the suite starts but the labs' kernels. A fork server from a folder holding another copy
+processes the suite starts, the labs' kernels included. A fork server from a folder holding another copy
 of a package the server imported (what ``python -c`` there would import) is fresh.
 
 A request the server cannot serve as a fresh process would be is run by a fresh one: a variable
