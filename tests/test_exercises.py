@@ -915,10 +915,14 @@ _SCORED: dict = {}
 @pytest.fixture(scope="session")
 def scorer(exercises_tmp):
     """One ``exercise_checks.py --serve`` process for this worker's chapters: it imports otter and
-    torch once (about 4 CPU-seconds), not once a chapter; ended when the session ends."""
+    torch once (about 4 CPU-seconds), not once a chapter; forked from the worker's torch server
+    (tests/warm_kernels.py), which imported torch already; ended when the session ends."""
+    import warm_kernels
+
     log = exercises_tmp / "scorer.log"
+    python = warm_kernels.python_command("torch", dict(os.environ))
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(CHECKS), "--serve"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([*python, str(CHECKS), "--serve"], stdin=subprocess.PIPE,
                                 stdout=out, stderr=subprocess.STDOUT, text=True, cwd=exercises_tmp)
     try:
         yield proc, log
