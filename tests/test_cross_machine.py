@@ -71,9 +71,8 @@ def _counts(junit: Path) -> dict[str, int]:
 
 
 # The re-run is cut into shards that the xdist workers share (each shard is one pytest
-# subprocess, which pays its own start, collection and ranks' fork server: two, not three); a
-# target's rough cost in seconds on two idle cores balances them, 1 if not listed.
-SHARDS = 2
+# subprocess); a target's rough cost in seconds on two idle cores balances them, 1 if not listed.
+SHARDS = 3
 COST = {"tests/test_tensor_parallel.py": 16, "labs/04_accumulation.ipynb": 20, "tests/test_llama_techniques.py": 10,
         "tests/test_pipeline_dist.py": 12, "tests/test_parallelize.py": 14, "tests/test_context_parallel.py": 6}
 
