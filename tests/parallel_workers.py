@@ -30,25 +30,6 @@ def _plain_loop(pm, cfg, global_batch, steps, seed, lr) -> list:
     return losses
 
 
-_SHARDED = {}  # (model, tp size, tp rank, sp) -> _sharded_like's answer: the same for every case
-
-
-def _sharded_like(full, tp_group, sequence_parallel) -> dict:
-    """{name: parameter} of the one-process model ``full`` as this rank of ``tp_group`` holds it
-    (a tied weight under its first name only): sharded by apply_tensor_parallel on a copy, once for
-    each place in a group of each size; ``full``'s own where there is no tensor parallelism. Read,
-    never written (run_case clones what it keeps)."""
-    if tp_group is None:
-        return dict(full.named_parameters())
-    key = (id(full), dist.get_world_size(tp_group), dist.get_rank(tp_group), sequence_parallel)
-    if key not in _SHARDED:
-        # no collective (init_sync=None: the copies are equal by construction), so a rank that
-        # finds its layout here and one that shards it again never wait on each other
-        twin = apply_tensor_parallel(copy.deepcopy(full), tp_group, sequence_parallel, init_sync=None)
-        _SHARDED[key] = (full, dict(twin.named_parameters()))  # full kept: its id stays its own
-    return _SHARDED[key][1]
-
-
 def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
     """One case: the rank's trained values beside the one-process model's, sharded alike."""
     degrees, kwargs = case  # (dp, tp, pp) or (dp, tp, pp, cp)
@@ -66,7 +47,10 @@ def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
     out = {"losses": losses, "coords": tuple(c), "mesh_coords": tuple(mesh.get_coordinate()),
            "groups": groups, "groups_from_dims": along, "replicas": dist.get_world_size(pm.group["replicas"])}
     for key, full in (("want", refs[1]), ("start", refs[2])):
-        out[key] = _sharded_like(full, mesh.get_group("tp") if tp > 1 else None, kwargs.get("sequence_parallel", False))
+        twin = copy.deepcopy(full)
+        if tp > 1:
+            apply_tensor_parallel(twin, mesh.get_group("tp"), kwargs.get("sequence_parallel", False))
+        out[key] = dict(twin.named_parameters())  # a tied weight under its first name only
     out["got"] = {n: v for n, v in _trained_state(pm).items() if n in out["want"]}
     for key in ("want", "start"):
         out[key] = {n: out[key][n].detach().clone() for n in out["got"]}
