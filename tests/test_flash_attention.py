@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from torch.utils.flop_counter import FlopCounterMode
 
 from labkit.flash_attention import (
@@ -31,6 +30,16 @@ from labkit.memory import MemoryMeter
 from labkit.model import GPTConfig, build_model
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _lower_right(s_q, s_k):
+    """SDPA's causal mask aligned to the last key, imported when first used: its module imports
+    torch._dynamo, a CPU-second that every pytest worker paid while collecting this file."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    return causal_lower_right(s_q, s_k)
+
+
 # (s_q, s_k, d, Br, Bc): odd lengths that are no multiple of the tiles, s_q < s_k, a single tile
 SHAPES = [(67, 67, 16, 16, 32), (33, 50, 24, 16, 16), (5, 130, 8, 64, 32), (9, 9, 64, 64, 64)]
 
@@ -71,7 +80,7 @@ def test_equals_sdpa_and_the_fp64_reference(s_q, s_k, d, Br, Bc, causal):
     # orders), plus twice the fp32 rounding of the reference's values (flash-attention's slack)
     x32 = [t.float() for t in (q, k, v, dout)]
     exact = _run(lambda *x: standard_attention(*x, causal, return_lse=True), *(t.double() for t in x32))
-    mask = causal_lower_right(s_q, s_k) if causal else None
+    mask = _lower_right(s_q, s_k) if causal else None
     sdpa = _run(lambda *x: F.scaled_dot_product_attention(*x, attn_mask=mask), *x32)
     plain = _run(lambda *x: standard_attention(*x, causal, return_lse=True), *x32)
     f32 = _run(lambda *x: flash_attention(*x, causal=causal, block_q=Br, block_k=Bc, return_lse=True), *x32)
@@ -112,7 +121,7 @@ def test_grouped_query_inputs_equal_sdpa_on_repeated_kv_heads(h, h_kv, causal):
     q, dout = (torch.randn(2, h, s_q, d, generator=g, dtype=torch.float64) for _ in range(2))
     k, v = (torch.randn(2, h_kv, s_k, d, generator=g, dtype=torch.float64) for _ in range(2))
     dl = torch.randn(2, h, s_q, generator=g, dtype=torch.float64)
-    mask = causal_lower_right(s_q, s_k) if causal else None
+    mask = _lower_right(s_q, s_k) if causal else None
 
     def reference(q, k, v):  # kv heads repeated for their query heads; autograd sums the copies back
         k, v = (t.repeat_interleave(h // h_kv, dim=1) for t in (k, v))

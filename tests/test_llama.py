@@ -6,7 +6,6 @@ download), its weights are copied into labkit's GPT, and both run in float64 on 
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -19,16 +18,7 @@ from labkit.shapes import PRESETS as SHAPES
 from labkit.shapes import ModelShape
 from labkit.paged_attention.contiguous import generate
 
-try:
-    import transformers
-    from transformers.models.llama import modeling_llama
-    from transformers.models.mistral import modeling_mistral
-except ImportError:  # pinned in requirements.txt; CI must have it
-    if os.environ.get("CI") == "true":
-        raise
-    transformers = None
-needs_hf = pytest.mark.skipif(transformers is None, reason="transformers is not installed "
-                              "(pip install -r requirements.txt): the independent reference")
+from hf_reference import hf_module, needs_hf
 
 TINY = dict(n_layer=2, n_head=4, d_model=32, d_ff=48, vocab_size=64, seq_len=16, norm="rmsnorm",
             mlp="swiglu", pos="rope", bias=False, tie_embeddings=False)
@@ -42,7 +32,7 @@ CASES = {  # name: (labkit config, Hugging Face class)
 
 
 def _hf_model(cfg: GPTConfig, family: str):
-    kind = transformers.MistralConfig if family == "mistral" else transformers.LlamaConfig
+    kind = hf_module().MistralConfig if family == "mistral" else hf_module().LlamaConfig
     extra = {"sliding_window": cfg.sliding_window} if family == "mistral" else {
         "attention_bias": False, "mlp_bias": False}
     config = kind(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
@@ -50,7 +40,7 @@ def _hf_model(cfg: GPTConfig, family: str):
                   num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.seq_len,
                   rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, hidden_act="silu",
                   tie_word_embeddings=cfg.tie_embeddings, attn_implementation="sdpa", **extra)
-    cls = transformers.MistralForCausalLM if family == "mistral" else transformers.LlamaForCausalLM
+    cls = hf_module().MistralForCausalLM if family == "mistral" else hf_module().LlamaForCausalLM
     model = cls(config).double().eval()
     with torch.no_grad():  # larger weights than the 0.02 init, norms away from 1: every part shows
         for name, p in model.named_parameters():
@@ -89,7 +79,8 @@ def float64_reference(monkeypatch):
         emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, d): Hugging Face's half-split layout
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
-    for module, prefix in [(modeling_llama, "Llama"), (modeling_mistral, "Mistral")]:
+    for module, prefix in [("llama", "Llama"), ("mistral", "Mistral")]:
+        module = hf_module(f"models.{module}.modeling_{module}")
         monkeypatch.setattr(getattr(module, prefix + "RMSNorm"), "forward", rmsnorm)
         monkeypatch.setattr(getattr(module, prefix + "RotaryEmbedding"), "forward", rotary)
 

@@ -9,7 +9,6 @@ scaled weights, shared experts) against labkit's :class:`labkit.moe.MoE`, then t
 
 from __future__ import annotations
 
-import os
 import types
 
 import pytest
@@ -19,16 +18,10 @@ import torch.nn.functional as F
 from labkit.model import GPTConfig, build_model
 from labkit.moe import MoE
 
-try:
-    import transformers
-    from transformers.models.deepseek_v3 import modeling_deepseek_v3
-    from transformers.models.mixtral import modeling_mixtral
-except ImportError:  # pinned in requirements.txt; CI must have it
-    if os.environ.get("CI") == "true":
-        raise
-    transformers = None
-pytestmark = pytest.mark.skipif(transformers is None, reason="transformers is not installed "
-                                "(pip install -r requirements.txt): the independent reference")
+from hf_reference import hf_module, needs_hf
+
+pytestmark = needs_hf
+MIXTRAL, DEEPSEEK_V3 = "models.mixtral.modeling_mixtral", "models.deepseek_v3.modeling_deepseek_v3"
 
 TINY = dict(n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_ff=48, vocab_size=64, seq_len=16, norm="rmsnorm",
             mlp="swiglu", pos="rope", bias=False, tie_embeddings=False, n_experts=4, experts_per_token=2)
@@ -51,9 +44,9 @@ def float64_mixtral(monkeypatch):
 
     functional = types.SimpleNamespace(**{n: getattr(F, n) for n in dir(F) if not n.startswith("__")})
     functional.softmax = lambda x, dim, dtype=None: F.softmax(x, dim=dim)  # in the input's dtype
-    monkeypatch.setattr(modeling_mixtral.MixtralRMSNorm, "forward", rmsnorm)
-    monkeypatch.setattr(modeling_mixtral.MixtralRotaryEmbedding, "forward", rotary)
-    monkeypatch.setattr(modeling_mixtral, "F", functional)
+    monkeypatch.setattr(hf_module(MIXTRAL).MixtralRMSNorm, "forward", rmsnorm)
+    monkeypatch.setattr(hf_module(MIXTRAL).MixtralRotaryEmbedding, "forward", rotary)
+    monkeypatch.setattr(hf_module(MIXTRAL), "F", functional)
 
 
 def _randomise(model):
@@ -63,13 +56,13 @@ def _randomise(model):
 
 
 def _mixtral(cfg):
-    config = transformers.MixtralConfig(
+    config = hf_module().MixtralConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
         num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
         max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
         num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token, sliding_window=None,
         tie_word_embeddings=False, router_jitter_noise=0.0, attn_implementation="sdpa")
-    model = transformers.MixtralForCausalLM(config).double().eval()
+    model = hf_module().MixtralForCausalLM(config).double().eval()
     _randomise(model)
     return model
 
@@ -126,15 +119,15 @@ def _float64_router(self, hidden_states):
 
 @pytest.mark.parametrize("shared", [1, 2])
 def test_deepseek_v3_moe_block_equals_hugging_faces_in_float64(shared, monkeypatch):
-    monkeypatch.setattr(modeling_deepseek_v3.DeepseekV3TopkRouter, "forward", _float64_router)
+    monkeypatch.setattr(hf_module(DEEPSEEK_V3).DeepseekV3TopkRouter, "forward", _float64_router)
     cfg = GPTConfig(**{**TINY, "n_experts": 8, "experts_per_token": 2, "d_expert": 12, "n_shared_experts": shared,
                        "router_score": "sigmoid", "router_bias": True, "routed_scaling_factor": 2.5})
-    config = transformers.DeepseekV3Config(
+    config = hf_module().DeepseekV3Config(
         hidden_size=cfg.d_model, moe_intermediate_size=cfg.d_expert, n_routed_experts=cfg.n_experts,
         num_experts_per_tok=cfg.experts_per_token, n_shared_experts=shared, routed_scaling_factor=2.5,
         n_group=1, topk_group=1, norm_topk_prob=True, hidden_act="silu")
     torch.manual_seed(0)
-    hf = modeling_deepseek_v3.DeepseekV3MoE(config).double().eval()
+    hf = hf_module(DEEPSEEK_V3).DeepseekV3MoE(config).double().eval()
     _randomise(hf)
     with torch.no_grad():  # a bias large enough to change choices: it must steer, not weigh
         hf.gate.e_score_correction_bias.copy_(0.3 * torch.randn(cfg.n_experts, dtype=torch.float64))
@@ -175,13 +168,13 @@ def float64_deepseek(monkeypatch):
         emb = torch.cat((position_ids[..., None].double() * inv_freq,) * 2, dim=-1)  # (B, T, d)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
-    monkeypatch.setattr(modeling_deepseek_v3.DeepseekV3RMSNorm, "forward", rmsnorm)
-    monkeypatch.setattr(modeling_deepseek_v3.DeepseekV3RotaryEmbedding, "forward", rotary)
-    monkeypatch.setattr(modeling_deepseek_v3.DeepseekV3TopkRouter, "forward", _float64_router)
+    monkeypatch.setattr(hf_module(DEEPSEEK_V3).DeepseekV3RMSNorm, "forward", rmsnorm)
+    monkeypatch.setattr(hf_module(DEEPSEEK_V3).DeepseekV3RotaryEmbedding, "forward", rotary)
+    monkeypatch.setattr(hf_module(DEEPSEEK_V3).DeepseekV3TopkRouter, "forward", _float64_router)
 
 
 def _deepseek(cfg):
-    config = transformers.DeepseekV3Config(
+    config = hf_module().DeepseekV3Config(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
         moe_intermediate_size=cfg.d_expert, num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
         num_key_value_heads=cfg.n_head, n_shared_experts=cfg.n_shared_experts, n_routed_experts=cfg.n_experts,
@@ -192,7 +185,7 @@ def _deepseek(cfg):
         norm_topk_prob=True, max_position_embeddings=cfg.seq_len, rms_norm_eps=cfg.norm_eps,
         rope_theta=cfg.rope_theta, rope_interleave=True, attention_bias=False, tie_word_embeddings=False,
         attn_implementation="sdpa")
-    model = transformers.DeepseekV3ForCausalLM(config).double().eval()
+    model = hf_module().DeepseekV3ForCausalLM(config).double().eval()
     _randomise(model)
     with torch.no_grad():  # a selection bias large enough to change choices
         for layer in model.model.layers[cfg.first_dense_layers:]:
