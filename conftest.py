@@ -35,23 +35,16 @@ collect_ignore_glob = ["labs/zh/*"]
 # (tests/test_cross_machine.py does, under another CPU kernel setting).
 ROUNDOFF_LABS = ("labs/04_accumulation.ipynb",)
 
-# Labs that share an xdist group with a test file, so that one worker runs both, one after the
-# other. Lab 6 and tests/test_pipeline_dist.py both time a pipeline's bubble with ranks that
-# sleep: run at once on two workers, two of the three workers slept together and left half of the
-# two cores idle for their overlap (some 15 CPU-s in a run, scripts/results/suite_times.md).
-SHARED_GROUPS = {"labs/06_pipeline.ipynb": "dist:pipeline_dist"}
-
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """nbval runs a notebook's cells in order in one kernel: send them to one worker (the worker of
-    a test file, for a lab in SHARED_GROUPS). The tests
+    """nbval runs a notebook's cells in order in one kernel: send them to one worker. The tests
     that read the built book go last, so that it builds in the background while the rest run,
     and the workers share them."""
     for item in items:
         if item.path.suffix == ".ipynb":
             notebook = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(notebook, "nbval:" + notebook)))
+            item.add_marker(pytest.mark.xdist_group("nbval:" + notebook))
             path = item.path.resolve()
             if path.is_relative_to(ROOT) and path.relative_to(ROOT).as_posix() in ROUNDOFF_LABS:
                 item.add_marker(pytest.mark.roundoff)
