@@ -6,7 +6,6 @@ download), its weights are copied into labkit's GPT, and both run in float64 on 
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -79,8 +78,8 @@ def float64_reference(monkeypatch):
         emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, d): Hugging Face's half-split layout
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
-    for module, prefix in [("llama", "Llama"), ("mistral", "Mistral")]:
-        module = hf_module(f"models.{module}.modeling_{module}")
+    for family, prefix in [("llama", "Llama"), ("mistral", "Mistral")]:
+        module = hf_module(f"models.{family}.modeling_{family}")
         monkeypatch.setattr(getattr(module, prefix + "RMSNorm"), "forward", rmsnorm)
         monkeypatch.setattr(getattr(module, prefix + "RotaryEmbedding"), "forward", rotary)
 

@@ -44,9 +44,10 @@ def float64_mixtral(monkeypatch):
 
     functional = types.SimpleNamespace(**{n: getattr(F, n) for n in dir(F) if not n.startswith("__")})
     functional.softmax = lambda x, dim, dtype=None: F.softmax(x, dim=dim)  # in the input's dtype
-    monkeypatch.setattr(hf_module(MIXTRAL).MixtralRMSNorm, "forward", rmsnorm)
-    monkeypatch.setattr(hf_module(MIXTRAL).MixtralRotaryEmbedding, "forward", rotary)
-    monkeypatch.setattr(hf_module(MIXTRAL), "F", functional)
+    mixtral = hf_module(MIXTRAL)
+    monkeypatch.setattr(mixtral.MixtralRMSNorm, "forward", rmsnorm)
+    monkeypatch.setattr(mixtral.MixtralRotaryEmbedding, "forward", rotary)
+    monkeypatch.setattr(mixtral, "F", functional)
 
 
 def _randomise(model):
@@ -168,9 +169,10 @@ def float64_deepseek(monkeypatch):
         emb = torch.cat((position_ids[..., None].double() * inv_freq,) * 2, dim=-1)  # (B, T, d)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
-    monkeypatch.setattr(hf_module(DEEPSEEK_V3).DeepseekV3RMSNorm, "forward", rmsnorm)
-    monkeypatch.setattr(hf_module(DEEPSEEK_V3).DeepseekV3RotaryEmbedding, "forward", rotary)
-    monkeypatch.setattr(hf_module(DEEPSEEK_V3).DeepseekV3TopkRouter, "forward", _float64_router)
+    deepseek = hf_module(DEEPSEEK_V3)
+    monkeypatch.setattr(deepseek.DeepseekV3RMSNorm, "forward", rmsnorm)
+    monkeypatch.setattr(deepseek.DeepseekV3RotaryEmbedding, "forward", rotary)
+    monkeypatch.setattr(deepseek.DeepseekV3TopkRouter, "forward", _float64_router)
 
 
 def _deepseek(cfg):
