@@ -1,7 +1,8 @@
 """What the browser tests share: Chromium's path and flags, the hosts a page may reach, and how
 much longer to wait on a loaded machine. The fixtures that start Chromium and serve the built book
-(``browser``, ``book_tabs``, ``site``) live in tests/conftest.py, once per session: one Chromium and
-one browser context for the pages and the calculators, a tab for each test."""
+(``browser``, ``book_tabs``, ``book_tab``, ``site``) live in tests/conftest.py, once per session: one
+Chromium, one browser context and one tab in it that the page and calculator tests navigate in
+turn (``Tab``)."""
 
 from __future__ import annotations
 
@@ -129,10 +130,51 @@ def serving(folder):
         thread.join(timeout=10)
 
 
-def other_hosts(page, problems: list[str]) -> list[str]:
-    """Watch ``page``: the list it returns fills with every request the page makes to a host other
-    than this machine (each fails: see OFFLINE); were one answered, ``problems`` says so."""
+class Tab:
+    """One tab of ``context`` that the tests navigate in turn, each to its own page: a new tab
+    costs a renderer process and Playwright's set-up of a page, 0.55 CPU-s a page that no check
+    reads (twelve chapter pages, measured: 26.3 CPU-s a tab each, 19.6 in one tab navigated;
+    scripts/results/suite_times.md). A visit watches the page with handlers of its own and ends on
+    about:blank, so that the next test's handlers see nothing of this page; a visit that fails
+    closes the tab, and the next one opens another."""
+
+    def __init__(self, context) -> None:
+        self.context, self.page = context, None
+
+    @contextlib.contextmanager
+    def visit(self):
+        """Yield ``(page, on)``: ``on(event, handler)`` is ``page.on`` for this visit only."""
+        from playwright.sync_api import Error as PlaywrightError
+
+        if self.page is None or self.page.is_closed():
+            self.page = self.context.new_page()
+        page, handlers, ended = self.page, [], False
+
+        def on(event: str, handler) -> None:
+            page.on(event, handler)
+            handlers.append((event, handler))
+
+        try:
+            yield page, on
+            try:
+                page.goto("about:blank", timeout=30_000 * SCALE)
+                ended = True
+            except PlaywrightError:
+                pass  # a tab that cannot leave its page is closed below
+        finally:
+            for event, handler in handlers:
+                page.remove_listener(event, handler)
+            if not ended:
+                page.close()
+                self.page = None
+
+
+def other_hosts(page, problems: list[str], on=None) -> list[str]:
+    """Watch ``page`` (through ``on``, a visit's, or ``page.on``): the list it returns fills with
+    every request the page makes to a host other than this machine (each fails: see OFFLINE);
+    were one answered, ``problems`` says so."""
     found: list[str] = []
+    on = on or page.on
 
     def on_request(request) -> None:
         if urlsplit(request.url).hostname not in LOCAL_HOSTS and request.url.startswith("http"):
@@ -142,6 +184,6 @@ def other_hosts(page, problems: list[str]) -> list[str]:
         if urlsplit(response.url).hostname not in LOCAL_HOSTS and response.url.startswith("http"):
             problems.append(f"answered from outside this machine (not blocked): {response.url}")
 
-    page.on("request", on_request)
-    page.on("response", on_response)
+    on("request", on_request)
+    on("response", on_response)
     return found

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS, chromium_or_skip, serving
+from browser_support import CHROMIUM, CHROMIUM_ARGS, Tab, chromium_or_skip, serving
 
 
 @pytest.fixture(autouse=True)
@@ -40,15 +40,22 @@ def browser():
 
 @pytest.fixture(scope="session")
 def book_tabs(browser):
-    """One browser context for this worker's pages of the book, each test in a tab of its own:
-    a page's scripts, fonts and MathJax's compiled code come from the cache after the first
-    page, as for a reader who opens a second chapter. Tests that route requests (which turns
-    the cache off) or block the book's own files open a context of their own."""
+    """One browser context for this worker's pages of the book (their tests share a tab of it,
+    ``book_tab``): a page's scripts, fonts and MathJax's compiled code come from the cache after
+    the first page, as for a reader who opens a second chapter. Tests that route requests (which
+    turns the cache off) or block the book's own files open a context of their own."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     try:
         yield context
     finally:
         context.close()
+
+
+@pytest.fixture(scope="session")
+def book_tab(book_tabs):
+    """The tab of ``book_tabs`` that this worker's page and calculator tests navigate in turn
+    (browser_support.Tab): ``with book_tab.visit() as (page, on): ...``."""
+    return Tab(book_tabs)
 
 
 @pytest.fixture(scope="session")

@@ -195,9 +195,9 @@ CJK_GLYPHS = """() => {
 }"""
 
 
-def _open(tabs, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> dict:
-    """Open one page at 1280 px in a tab of ``tabs`` (the worker's browser context, which reaches
-    this machine only), wait for MathJax, and return
+def _open(tab, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> dict:
+    """Open one page at 1280 px in ``tab`` (the worker's tab, browser_support.Tab, whose context
+    reaches this machine only), wait for MathJax, and return
     what the checks read from it (and from ``extra``: {key: JavaScript function}), the requests
     blocked and the problems the browser reported."""
     problems: list[str] = []
@@ -216,13 +216,12 @@ def _open(tabs, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> d
         if urlsplit(resp.url).hostname in LOCAL_HOSTS and resp.status >= 400:
             problems.append(f"HTTP {resp.status}: {resp.url}")
 
-    page = tabs.new_page()
-    blocked = other_hosts(page, problems)
-    page.on("console", on_console)
-    page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
-    page.on("requestfailed", on_request_failed)
-    page.on("response", on_response)
-    try:
+    with tab.visit() as (page, on):
+        blocked = other_hosts(page, problems, on)
+        on("console", on_console)
+        on("pageerror", lambda err: problems.append(f"page error: {err}"))
+        on("requestfailed", on_request_failed)
+        on("response", on_response)
         response = patiently(f"{name}: the page did not load",
                              lambda ms: page.goto(url, wait_until="load", timeout=ms), 60)
         assert response is not None and response.ok, f"{url}: HTTP error"
@@ -243,8 +242,6 @@ def _open(tabs, url: str, name: str, tmp_path: Path, extra: dict[str, str]) -> d
                   lambda ms: page.wait_for_load_state("networkidle", timeout=ms), 30)
         shot = tmp_path / f"{name.replace('/', '__')}.png"
         page.screenshot(path=str(shot), full_page=os.environ.get("LABKIT_FULL_SCREENSHOTS") == "1")
-    finally:
-        page.close()
     print(f"{name}: {found['math']['count']} math elements; blocked non-local requests: "
           f"{blocked}; screenshot {shot}")
     assert shot.stat().st_size > 0
@@ -285,18 +282,18 @@ def _check_language_link(name: str, found: dict, expected_url: str) -> None:
     assert link[0]["status"] == 200 and link[0]["visible"], f"{name}: language link {link[0]}"
 
 
-def test_page_renders_offline(book_tabs, site, toc_page, tmp_path):
-    found = _open(book_tabs, f"{site}/{toc_page}.html", toc_page, tmp_path,
+def test_page_renders_offline(book_tab, site, toc_page, tmp_path):
+    found = _open(book_tab, f"{site}/{toc_page}.html", toc_page, tmp_path,
                   {"language_link": LANGUAGE_LINK})
     _check_common(toc_page, found, "Not yet published")
     _check_language_link(toc_page, found, f"{site}/zh/{toc_page}.html")
 
 
-def test_chinese_page_renders_offline(book_tabs, site, toc_page, tmp_path):
+def test_chinese_page_renders_offline(book_tab, site, toc_page, tmp_path):
     """The same checks on the Chinese edition's page, and: its Chinese text is drawn with real
     glyphs (a CJK font), and its language link leads back to the English page."""
     name = f"zh/{toc_page}"
-    found = _open(book_tabs, f"{site}/zh/{toc_page}.html", name, tmp_path,
+    found = _open(book_tab, f"{site}/zh/{toc_page}.html", name, tmp_path,
                   {"language_link": LANGUAGE_LINK, "cjk": CJK_GLYPHS})
     _check_common(name, found, "尚未发布")
     _check_language_link(name, found, f"{site}/{toc_page}.html")
@@ -323,22 +320,19 @@ SEARCH_RESULTS = r"""() => Array.from(document.querySelectorAll('#search-results
     ("zh/", "流水线并行", "chapters/06_pipeline"),
     ("", "accumulation", "chapters/04_accumulation"),
 ])
-def test_search_finds_the_page(book_tabs, site, edition, term, page):
+def test_search_finds_the_page(book_tab, site, edition, term, page):
     """The book's search page, in the same browser: a term finds the page that teaches it, in
     both editions (the Chinese one needs jieba and the glossary's words, _ext/i18n_edition.py)."""
     from urllib.parse import quote
 
-    tab = book_tabs.new_page()
     problems: list[str] = []
-    outside = other_hosts(tab, problems)
-    try:
+    with book_tab.visit() as (tab, on):
+        outside = other_hosts(tab, problems, on)
         url = f"{site}/{edition}search.html?q={quote(term)}"
         patiently(f"{url} did not load", lambda ms: tab.goto(url, wait_until="load", timeout=ms), 60)
         patiently(f"searching {term!r} did not finish",
                   lambda ms: tab.wait_for_function(SEARCH_DONE, timeout=ms), 30)
         found = tab.evaluate(SEARCH_RESULTS)
-    finally:
-        tab.close()
     assert not outside and not problems, f"{term!r}: requests outside the book: {outside} {problems}"
     assert any(href.split("?")[0].split("#")[0].endswith(f"{page}.html") for href in found), (
         f"searching {term!r} in {edition or 'the English edition'} does not find {page}: {found}")

@@ -326,19 +326,13 @@ def _shown(calc, want: dict, timeout: float = 30.0, progress: set | None = None)
     return values
 
 
-def _open(tabs, url: str, problems: list, requests: list):
-    """A new tab of ``tabs`` (the worker's context, conftest.book_tabs, or a test's own) at
-    ``url``, its requests and problems recorded; close the tab when done."""
-    page = tabs.new_page()
-    page.on("request", lambda r: requests.append(r.url))
-    page.on("pageerror", lambda err: problems.append(f"page error: {err}"))
-    page.on("console", lambda m: _console(m, problems))
-    try:
-        patiently(f"{url} did not load", lambda ms: page.goto(url, wait_until="load", timeout=ms), 60)
-    except BaseException:
-        page.close()  # the worker's context keeps no tab of a failed test
-        raise
-    return page
+def _open(page, on, url: str, problems: list, requests: list) -> None:
+    """Load ``url`` in ``page`` (the worker's tab, conftest.book_tab, or a test's own), its
+    requests and problems recorded through ``on`` (the visit's, or ``page.on``)."""
+    on("request", lambda r: requests.append(r.url))
+    on("pageerror", lambda err: problems.append(f"page error: {err}"))
+    on("console", lambda m: _console(m, problems))
+    patiently(f"{url} did not load", lambda ms: page.goto(url, wait_until="load", timeout=ms), 60)
 
 
 def _console(msg, problems: list) -> None:
@@ -398,10 +392,10 @@ def test_every_calculator_is_tested(built_book):
 
 
 @pytest.mark.parametrize("kind", sorted(PAGES))
-def test_calculator_shows_labkits_numbers(book_tabs, site, kind):
+def test_calculator_shows_labkits_numbers(book_tab, site, kind):
     problems, requests = [], []
-    page = _open(book_tabs, f"{site}/{PAGES[kind]}.html", problems, requests)
-    try:
+    with book_tab.visit() as (page, on):
+        _open(page, on, f"{site}/{PAGES[kind]}.html", problems, requests)
         _ready(page)
         calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
         fits, progress = set(), set()
@@ -417,8 +411,6 @@ def test_calculator_shows_labkits_numbers(book_tabs, site, kind):
                                                "do not fit, and are refused"
         if kind == "plans":  # the sweep (seconds in the page) says how far it is as it runs
             assert any(re.fullmatch(r"computing: \d+ of \d+ layouts sized", t) for t in progress), progress
-    finally:
-        page.close()
     outside = [u for u in requests if urlsplit(u).hostname not in LOCAL_HOSTS]
     assert not outside, f"{kind}: requests outside the book: {outside}"
     assert not problems, "\n".join(problems)
@@ -437,8 +429,9 @@ def test_calculator_works_from_file_without_network(browser, built_book):  # noq
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.route("**/*", route)  # its own context: a route turns the HTTP cache off
-    page = _open(context, url, problems, requests)
     try:
+        page = context.new_page()
+        _open(page, page.on, url, problems, requests)
         _ready(page)
         calc = page.locator('.labkit-calc[data-kind="kv"]').first
         inputs = INPUTS["kv"][0]
@@ -582,7 +575,7 @@ def _words_shown(calc) -> list:
 
 
 @pytest.mark.parametrize("lang", ["zh_CN", "en"])
-def test_calculators_speak_the_pages_language(book_tabs, standalone, lang):
+def test_calculators_speak_the_pages_language(book_tab, standalone, lang):
     """Each calculator on a page of each language: the numbers are labkit's, every message is
     rendered from data in the page's language (a refusal from the error's kind and fields, why
     nothing fits from the planner's overflows), and a Chinese page shows no English word outside
@@ -590,9 +583,9 @@ def test_calculators_speak_the_pages_language(book_tabs, standalone, lang):
     from test_i18n import english_words, kept_latin
 
     problems, requests = [], []
-    page = _open(book_tabs, standalone[lang], problems, requests)
     kept, cjk = kept_latin(), re.compile(r"[\u4e00-\u9fff]")
-    try:
+    with book_tab.visit() as (page, on):
+        _open(page, on, standalone[lang], problems, requests)
         _ready(page)
         seen = set()
         for kind in INPUTS:
@@ -621,13 +614,11 @@ def test_calculators_speak_the_pages_language(book_tabs, standalone, lang):
                     chinese = [t for t in texts if cjk.search(t)]
                     assert not chinese, f"{kind} {inputs}: Chinese on the English page: {chinese}"
         assert seen == {"ok", "error", "reason"}, seen
-    finally:
-        page.close()
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("kind", ["training", "plans", "kv"])
-def test_chinese_edition_calculator_speaks_chinese(book_tabs, site, kind):
+def test_chinese_edition_calculator_speaks_chinese(book_tab, site, kind):
     """The calculator on its Chinese page (the built book's zh/ edition, <html lang> from Sphinx's
     ``language``) shows its labels and results in Chinese, with no English word outside the
     glossary's kept list; the pasted config.json files show labkit's numbers, or its refusal in
@@ -635,8 +626,8 @@ def test_chinese_edition_calculator_speaks_chinese(book_tabs, site, kind):
     from test_i18n import english_words, kept_latin
 
     problems, requests, texts, errors = [], [], [], []
-    page = _open(book_tabs, f"{site}/zh/{PAGES[kind]}.html", problems, requests)
-    try:
+    with book_tab.visit() as (page, on):
+        _open(page, on, f"{site}/zh/{PAGES[kind]}.html", problems, requests)
         _ready(page)
         calc = page.locator(f'.labkit-calc[data-kind="{kind}"]').first
         for inputs in [INPUTS[kind][1]] + PASTED.get(kind, []):
@@ -645,8 +636,6 @@ def test_chinese_edition_calculator_speaks_chinese(book_tabs, site, kind):
             _check_shown(kind, _shown(calc, got), expected, inputs, "zh_CN")
             errors += [expected["error"]] if "error" in expected else []
             texts += [t for t in _words_shown(calc) if t.strip()]
-    finally:
-        page.close()
     assert any(re.search(r"[\u4e00-\u9fff]", t) for t in texts), texts
     english = {t: w for t in texts if (w := english_words(t, kept_latin()))}
     assert not english, f"zh {kind}: English in the calculator: {english}"
