@@ -57,14 +57,25 @@ def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
     return out
 
 
-def parallelize_rank(rank, world_size, cases, cfg="tiny", global_batch=8, steps=3, seed=0, lr=0.1):
-    """Every case of ``cases`` ((dp, tp, pp[, cp]), parallelize_gpt's keywords), one after the other, and
-    a mesh built for the wrong number of ranks; the one-process losses as "ref_losses"."""
-    torch.set_num_threads(1)
+def references(cfg="tiny", global_batch=8, steps=3, seed=0, lr=0.1) -> tuple:
+    """The one process's run the ranks compare with: its losses, its trained model and the model
+    it started from (float64)."""
     cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
     ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr, torch.float64)
     _, start_model = reference_train(cfg, global_batch, 0, seed, lr, torch.float64)
-    refs = (ref_losses, ref_model, start_model)
+    return ref_losses, ref_model, start_model
+
+
+def parallelize_rank(rank, world_size, cases, cfg="tiny", global_batch=8, steps=3, seed=0, lr=0.1, refs=None):
+    """Every case of ``cases`` ((dp, tp, pp[, cp]), parallelize_gpt's keywords), one after the other, and
+    a mesh built for the wrong number of ranks; the one-process losses as "ref_losses". ``refs``:
+    :func:`references` of the same arguments, computed once by the launching process (each rank
+    computes them if not given)."""
+    torch.set_num_threads(1)
+    if refs is None:
+        refs = references(cfg, global_batch, steps, seed, lr)
+    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
+    ref_losses = refs[0]
     out = {"ref_losses": ref_losses, "seconds": {}}
     for i, case in enumerate(cases):
         t0 = time.perf_counter()

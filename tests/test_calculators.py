@@ -342,10 +342,12 @@ def _console(msg, problems: list) -> None:
 
 
 def _ready(page) -> None:
+    # asked every 100 ms, not at every animation frame (Playwright's default), which would keep the
+    # page painting frames while Brython compiles
     patiently("the page's calculators did not get ready (Brython compiles labkit in the page)",
               lambda ms: page.wait_for_function(
                   "() => Array.from(document.querySelectorAll('.labkit-calc'))"
-                  ".every(el => el.dataset.ready === '1')", timeout=ms), LOAD_S)
+                  ".every(el => el.dataset.ready === '1')", polling=100, timeout=ms), LOAD_S)
 
 
 def _gb(n: int) -> str:

@@ -80,6 +80,12 @@ def _engine_python(engine: str) -> str:
     return python
 
 
+# The tests that ask an engine's own parser (``_ask``, here and in tests/test_in_practice.py) run on
+# one xdist worker: one torch server in .venv-engines (tests/warm_kernels.py) forks every engine
+# process, where each worker that ran one started a server of its own (about 2.6 CPU-s each).
+ENGINES_WORKER = pytest.mark.xdist_group("engines")
+
+
 def _ask(engine: str, cases: list) -> list:
     """What ``engine``'s own parser read from each case (tests/engine_checks.py)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": "/nonexistent"}
@@ -109,6 +115,7 @@ def _expressed(engine: str, **options) -> list:
     return out
 
 
+@ENGINES_WORKER
 def test_deepspeed_reads_back_every_emitted_ds_config():
     cases = _expressed("deepspeed")
     runs = [(name, c, _run_of(name, c, "deepspeed")) for name, _, c in cases]
@@ -143,6 +150,7 @@ def _model_flags(run) -> list:
             "--num-attention-heads", str(heads), "--ffn-hidden-size", str(128 * heads)]
 
 
+@ENGINES_WORKER
 def test_megatron_core_reads_back_the_degrees_batch_and_zero():
     cases = [(n, _run_of(n, c, "megatron"), c) for n, _, c in _expressed("megatron", shape=PRESETS["llama-3-8b"])]
     cases = [(n, r, c if "--num-layers" in c else _model_flags(r) + c) for n, r, c in cases]
@@ -164,6 +172,7 @@ def test_megatron_core_reads_back_the_degrees_batch_and_zero():
     assert "tensor-model-paralel-size" in got[-1]["error"]
 
 
+@ENGINES_WORKER
 def test_torchtitan_parses_the_overrides_and_builds_the_same_mesh():
     cases = [(n, _run_of(n, c, "torchtitan"), c) for n, _, c in _expressed("torchtitan", shape=PRESETS["llama-3-8b"])]
     got = _ask("torchtitan", [{"config": c, "world": {"world_size": r.world_size}} for _, r, c in cases] +
@@ -182,6 +191,7 @@ def test_torchtitan_parses_the_overrides_and_builds_the_same_mesh():
     assert "tensor-parallel-degre" in got[-1]["error"]
 
 
+@ENGINES_WORKER
 def test_accelerate_loads_the_yaml_and_its_plugins_accept_it():
     cases = [(n, _run_of(n, None, "accelerate"), export(_run_of(n, None, "accelerate"), "accelerate").text)
              for n, _, _ in _expressed("accelerate")]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_export import _ask
+from test_export import ENGINES_WORKER, _ask
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ["02_zero", "03_checkpointing", "04_accumulation", "05_tensor_parallel", "06_pipeline",
@@ -83,6 +83,7 @@ def test_each_engine_is_shown_somewhere(blocks):
     assert all(blocks[kind] for kind in blocks), {k: len(v) for k, v in blocks.items()}
 
 
+@ENGINES_WORKER
 def test_deepspeed_accepts_every_ds_config(blocks):
     import json
 
@@ -93,16 +94,19 @@ def test_deepspeed_accepts_every_ds_config(blocks):
         assert back["zero_stage"] == config.get("zero_optimization", {}).get("stage", 0), chapter
 
 
+@ENGINES_WORKER
 def test_megatron_core_knows_every_flag(blocks):
     got = _ask("megatron_flags", [{"config": _args(b), "world": {}} for _, b in blocks["megatron"]])
     assert [(c, back["unknown"]) for (c, _), back in zip(blocks["megatron"], got) if back["unknown"]] == []
 
 
+@ENGINES_WORKER
 def test_torchtitan_parses_every_override_list(blocks):
     got = _ask("torchtitan", [{"config": _args(b), "world": {"world_size": 8}} for _, b in blocks["torchtitan"]])
     assert [(c, back) for (c, _), back in zip(blocks["torchtitan"], got) if "error" in back] == []
 
 
+@ENGINES_WORKER
 def test_every_python_fragment_parses_and_its_imports_run(blocks):
     cases = []
     for chapter, body in blocks["python"]:

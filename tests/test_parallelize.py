@@ -25,7 +25,7 @@ import torch
 from labkit.dist import launch
 from labkit.model import build_model
 from labkit.parallel import AXES, ParallelDims, parallelize_gpt
-from parallel_workers import parallelize_rank
+from parallel_workers import parallelize_rank, references
 
 # Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
 # worker that picked one up would launch them again.
@@ -74,13 +74,19 @@ RTOL = 1e-9  # of each parameter's move; float64 round-off here is ~1e-12 of it 
 
 
 @pytest.fixture(scope="module")
-def runs():
-    return launch(parallelize_rank, WORLD, cases=CASES, backend="gloo", timeout_s=120, join_timeout_s=900)
+def refs():
+    """The one process's run, computed here once rather than on every rank of every launch."""
+    return references()
 
 
 @pytest.fixture(scope="module")
-def composed():
-    return launch(parallelize_rank, 4, cases=COMPOSED, backend="gloo", timeout_s=120, join_timeout_s=900)
+def runs(refs):
+    return launch(parallelize_rank, WORLD, cases=CASES, refs=refs, backend="gloo", timeout_s=120, join_timeout_s=900)
+
+
+@pytest.fixture(scope="module")
+def composed(refs):
+    return launch(parallelize_rank, 4, cases=COMPOSED, refs=refs, backend="gloo", timeout_s=120, join_timeout_s=900)
 
 
 @pytest.mark.roundoff
