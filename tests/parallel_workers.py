@@ -1,6 +1,5 @@
 """What tests/test_parallelize.py's ranks run: parallelize_gpt under a plain training loop, per case."""
 
-import copy
 import time
 
 import torch
@@ -8,9 +7,9 @@ import torch.distributed as dist
 
 from labkit.model import build_model, get_preset
 from labkit.parallel import ParallelDims, parallelize_gpt
-from labkit.runs.parallel3d import reference_train
+from labkit.runs.parallel3d import held_like
+from labkit.runs.parallel3d import references as one_process_run
 from labkit.runs.pipeline import make_batch
-from labkit.tensor_parallel import apply_tensor_parallel
 
 
 def _trained_state(pm) -> dict:
@@ -30,6 +29,9 @@ def _plain_loop(pm, cfg, global_batch, steps, seed, lr) -> list:
     return losses
 
 
+_SHARDED = {}  # held_like's copies on this rank, shared by the cases of a launch
+
+
 def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
     """One case: the rank's trained values beside the one-process model's, sharded alike."""
     degrees, kwargs = case  # (dp, tp, pp) or (dp, tp, pp, cp)
@@ -46,11 +48,9 @@ def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
              for axis in groups}
     out = {"losses": losses, "coords": tuple(c), "mesh_coords": tuple(mesh.get_coordinate()),
            "groups": groups, "groups_from_dims": along, "replicas": dist.get_world_size(pm.group["replicas"])}
+    group = mesh.get_group("tp") if tp > 1 else None
     for key, full in (("want", refs[1]), ("start", refs[2])):
-        twin = copy.deepcopy(full)
-        if tp > 1:
-            apply_tensor_parallel(twin, mesh.get_group("tp"), kwargs.get("sequence_parallel", False))
-        out[key] = dict(twin.named_parameters())  # a tied weight under its first name only
+        out[key] = held_like(full, group, kwargs.get("sequence_parallel", False), _SHARDED)
     out["got"] = {n: v for n, v in _trained_state(pm).items() if n in out["want"]}
     for key in ("want", "start"):
         out[key] = {n: out[key][n].detach().clone() for n in out["got"]}
@@ -60,10 +60,7 @@ def run_case(rank, case, cfg, global_batch, steps, seed, lr, refs) -> dict:
 def references(cfg="tiny", global_batch=8, steps=3, seed=0, lr=0.1) -> tuple:
     """The one process's run the ranks compare with: its losses, its trained model and the model
     it started from (float64)."""
-    cfg = get_preset(cfg) if isinstance(cfg, str) else cfg
-    ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr, torch.float64)
-    _, start_model = reference_train(cfg, global_batch, 0, seed, lr, torch.float64)
-    return ref_losses, ref_model, start_model
+    return one_process_run(cfg, global_batch, steps, seed, lr, torch.float64)
 
 
 def parallelize_rank(rank, world_size, cases, cfg="tiny", global_batch=8, steps=3, seed=0, lr=0.1, refs=None):

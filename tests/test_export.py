@@ -16,6 +16,7 @@ by scripts/check_engines.py, not here (its CPU build is 3.5 GB): scripts/results
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -45,12 +46,23 @@ ENGINE_MODULES = {"deepspeed": "deepspeed", "megatron": "megatron.core", "torcht
                   "megatron_flags": "megatron.core", "imports": "deepspeed"}
 
 # Chapter 9's worked cases: the planner's 70B run, and the published BLOOM-176B and Llama 3 405B layouts.
-PLANS_70B = plan_training("llama-3-70b", gpu="h100-sxm", num_gpus=64, seq_len=8192, global_batch=512).plans
+@functools.cache
+def plans_70b() -> list:
+    """The planner's 70B run: a sweep of about 3800 layouts, made by the worker whose tests read it
+    (not at import, in every worker that collects this file)."""
+    return plan_training("llama-3-70b", gpu="h100-sxm", num_gpus=64, seq_len=8192, global_batch=512).plans
+
+
 BLOOM = RunConfig(dp_size=8, tp_size=4, pp_size=12, micro_batch=2, num_microbatches=128, seq_len=2048,
                   zero_stage=1, recompute="full")
 LLAMA_405B = RunConfig(dp_size=64, tp_size=8, pp_size=16, micro_batch=1, num_microbatches=32, seq_len=8192,
                        zero_stage=1, recompute="full", sequence_parallel=True)
-WORKED = {"llama-3-70b": PLANS_70B, "bloom-176b": [BLOOM], "llama-3.1-405b": [LLAMA_405B]}
+
+
+def worked() -> dict:
+    return {"llama-3-70b": plans_70b(), "bloom-176b": [BLOOM], "llama-3.1-405b": [LLAMA_405B]}
+
+
 SHAPES = {"llama-3-70b": PRESETS["llama-3-70b"], "bloom-176b": None, "llama-3.1-405b": PRESETS["llama-3.1-405b"]}
 # A grid beside them: each ZeRO stage, offload, the pipeline (interleaved too), context parallelism.
 GRID = [RunConfig(dp_size=8, micro_batch=2, num_microbatches=4, seq_len=2048, zero_stage=z)
@@ -100,7 +112,7 @@ def _ask(engine: str, cases: list) -> list:
 def _expressed(engine: str, **options) -> list:
     """(name, RunConfig, config) for each worked case's best plan the engine expresses, and the grid's."""
     out = []
-    for name, plans in WORKED.items():
+    for name, plans in worked().items():
         try:
             i, x, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine in ("megatron", "torchtitan")
                                                     else options))
@@ -138,7 +150,7 @@ def _run_of(name, config, engine) -> RunConfig:
     """The RunConfig a case was emitted from (worked cases: the plan export_best chose)."""
     if name.startswith("grid"):
         return GRID[int(name[4:])]
-    plans = WORKED[name]
+    plans = worked()[name]
     i, _, _ = export_best(plans, engine, **({"shape": SHAPES[name]} if engine in ("megatron", "torchtitan") else {}))
     return getattr(plans[i], "run", plans[i])
 
@@ -409,7 +421,7 @@ def test_cli_emits_the_best_plan_the_engine_expresses(tmp_path):
             "--global-batch", "512"]
     out = _cli(*base, "--emit", "deepspeed")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == to_deepspeed(PLANS_70B[export_best(PLANS_70B, "deepspeed")[0]])
+    assert json.loads(out.stdout) == to_deepspeed(plans_70b()[export_best(plans_70b(), "deepspeed")[0]])
     assert "# plan " in out.stderr and "DeepSpeed cannot express" in out.stderr
     out = _cli(*base, "--emit", "megatron", "--json")
     emitted = json.loads(out.stdout)["emit"]
@@ -433,7 +445,7 @@ def test_chapter_9_shows_what_the_exporters_emit():
     offload = plan_training("llama-2-7b", gpu="a100-80gb", num_gpus=1, seq_len=4096, global_batch=16,
                             offload=(True,)).plans[0]
     served = plan_serving("llama-3-8b", gpu="a100-80gb", context_len=4096).plans[0]
-    emitted = [export_best(PLANS_70B, e, **({"shape": PRESETS["llama-3-70b"]} if e == "torchtitan" else {}))[1].text
+    emitted = [export_best(plans_70b(), e, **({"shape": PRESETS["llama-3-70b"]} if e == "torchtitan" else {}))[1].text
                for e in ("megatron", "deepspeed", "torchtitan", "fsdp2")] + [
         export(offload, "accelerate").text, export(served, "vllm", model="meta-llama/Meta-Llama-3-8B").text]
     assert len(blocks) == len(emitted) == 6

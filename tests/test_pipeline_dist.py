@@ -13,6 +13,7 @@ a float64 result by ~1e-16 of the terms' magnitude, so the bounds below (1e-9 re
 any CPU kernel or GPU, while a lost or doubled micro-batch or rank term moves it by ~1e-3 or more.
 """
 
+import functools
 import math
 
 import pytest
@@ -23,7 +24,7 @@ from dist_workers import pipeline_and_grid, pipeline_extras
 from labkit.busy import busy_note
 from labkit.dist import launch
 from labkit.pipeline import Timeline, bubble_fraction, max_in_flight
-from labkit.runs.parallel3d import parallel_3d_rank, reference_train
+from labkit.runs.parallel3d import parallel_3d_rank, reference_train, references
 from labkit.runs.pipeline import pipeline_rank, reference_grads
 
 # Its module fixtures launch ranks once: every test of the file on one xdist worker, or each
@@ -55,6 +56,11 @@ class _Launches(dict):
     """The three launches, each run on first use and kept: a test run that selects only some
     tests (``-m roundoff``) pays only for the launches they read."""
 
+    @functools.cached_property
+    def refs(self):
+        """The grid's one-process run, computed here once rather than on every rank."""
+        return references(global_batch=BATCH, dtype=F64)
+
     def __missing__(self, world_size):
         if world_size == 2:
             kw2 = dict(cases=CASES[2], torch_cases=CASES[2], loop_cases=LOOP, global_batch=BATCH, dtype=F64)
@@ -62,10 +68,11 @@ class _Launches(dict):
         elif world_size == 4:
             pipeline_kw = dict(cases=CASES[4], sleep_cases=SLEEP, global_batch=BATCH, sleep_repeats=3,
                                sleep_costs=SLEEP_COSTS, dtype=F64)
-            out = launch(pipeline_and_grid, 4, pipeline_kw, dict(cases=GRID[4], global_batch=BATCH, dtype=F64),
-                         **GLOO)
+            out = launch(pipeline_and_grid, 4, pipeline_kw,
+                         dict(cases=GRID[4], global_batch=BATCH, dtype=F64, refs=self.refs), **GLOO)
         else:
-            out = launch(parallel_3d_rank, 8, cases=GRID[8], global_batch=BATCH, dtype=F64, **GLOO)
+            out = launch(parallel_3d_rank, 8, cases=GRID[8], global_batch=BATCH, dtype=F64, refs=self.refs,
+                         **GLOO)
         self[world_size] = out
         return out
 

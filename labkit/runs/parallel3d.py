@@ -10,9 +10,10 @@ between stages), the tied embedding's gradient summed between the two ends, sequ
 gradients summed over "tp", all gradients averaged over "dp" (all inside ``forward_backward``),
 one SGD step. A degree of 1 keeps its axis, of size 1, so the 2-D pairs run through the same code.
 
-``parallel_3d_rank`` also trains the unsharded model in one process on the same batches and cuts
-its updated weights with the same sharding, so that each rank returns what it holds beside what
-it should hold.
+``parallel_3d_rank`` also trains the unsharded model in one process on the same batches
+(:func:`references`: on each rank, or once in the launching process, which passes it as
+``refs``) and cuts its updated weights with the same sharding (:func:`held_like`), so that each
+rank returns what it holds beside what it should hold.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.distributed as dist
 
 from ..dist import rank_device
 from ..model import build_model, get_preset
@@ -27,7 +29,7 @@ from ..parallel import ParallelDims, parallelize_gpt
 from ..tensor_parallel import apply_tensor_parallel
 from .pipeline import make_batch
 
-__all__ = ["train_3d", "reference_train", "parallel_3d_rank"]
+__all__ = ["train_3d", "reference_train", "references", "held_like", "parallel_3d_rank"]
 
 
 def _batches(cfg, global_batch: int, steps: int, seed: int):
@@ -50,6 +52,36 @@ def reference_train(cfg="tiny", global_batch: int = 8, steps: int = 2, seed: int
         opt.step()
         losses.append(loss.item())
     return losses, model
+
+
+def references(cfg="tiny", global_batch: int = 8, steps: int = 2, seed: int = 0, lr: float = 0.1,
+               dtype: torch.dtype = torch.float32) -> tuple:
+    """The one-process run a grid's ranks compare with: (its loss at each step, its trained model,
+    the model it started from), all from :func:`reference_train`."""
+    ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr, dtype)
+    _, start_model = reference_train(cfg, global_batch, 0, seed, lr, dtype)
+    return ref_losses, ref_model, start_model
+
+
+def held_like(full: torch.nn.Module, group=None, sequence_parallel: bool = False, cache: dict | None = None) -> dict:
+    """{name: parameter} of the one-process model ``full`` as a rank of the tensor-parallel
+    ``group`` holds it: ``full``'s own parameters when ``group`` is None or of one rank, else
+    those of a copy of ``full`` sharded by :func:`labkit.tensor_parallel.apply_tensor_parallel`
+    (a tied weight under its first name only). Clone what you keep. ``cache``: a dict that keeps
+    one sharded copy per model, group (its ranks) and ``sequence_parallel``, for the cases of a
+    launch that share them; every rank of the group must use it alike (sharding a copy is
+    collective)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return dict(full.named_parameters())
+    key = (id(full), tuple(dist.get_process_group_ranks(group)), bool(sequence_parallel))
+    if cache is not None and key in cache:
+        return cache[key][1]
+    twin = copy.deepcopy(full)
+    apply_tensor_parallel(twin, group, sequence_parallel)
+    held = dict(twin.named_parameters())
+    if cache is not None:
+        cache[key] = (full, held)  # holding full keeps its id from being reused
+    return held
 
 
 def train_3d(rank: int, world_size: int, dp_size: int, tp_size: int, pp_size: int, schedule: str = "1f1b",
@@ -89,29 +121,34 @@ def train_3d(rank: int, world_size: int, dp_size: int, tp_size: int, pp_size: in
 
 
 def parallel_3d_rank(rank: int, world_size: int, cases=(), steps: int = 2, cfg="tiny", global_batch: int = 8,
-                     seed: int = 0, lr: float = 0.1, dtype: torch.dtype = torch.float32) -> dict:
+                     seed: int = 0, lr: float = 0.1, dtype: torch.dtype = torch.float32, refs=None) -> dict:
     """Run each case with :func:`train_3d`: (dp_size, tp_size, pp_size, schedule, num_microbatches, v,
     sequence_parallel).
 
     Returns {case: {"coords", "losses", "params", "names", "want", "start", "ref_losses"}}:
     ``names`` lists every parameter of the (sharded) model, held by this stage or not; ``want`` is
     the one-process reference's updated weights and ``start`` its initial ones, both sharded like
-    ``params`` (same names); ``ref_losses`` its loss at each step.
+    ``params`` (same names); ``ref_losses`` its loss at each step. ``refs``: :func:`references`
+    of the same ``cfg``, ``global_batch``, ``steps``, ``seed``, ``lr`` and ``dtype``, computed once
+    by the launching process (each rank computes it if not given).
     """
     torch.set_num_threads(1)  # tensors this small gain nothing from threads on a shared CPU
-    ref_losses, ref_model = reference_train(cfg, global_batch, steps, seed, lr, dtype)
-    _, start_model = reference_train(cfg, global_batch, 0, seed, lr, dtype)
-    out = {}
+    if refs is None:
+        refs = references(cfg, global_batch, steps, seed, lr, dtype)
+    ref_losses, ref_model, start_model = refs
+    if len(ref_losses) != steps or next(ref_model.parameters()).dtype != dtype:
+        raise ValueError(f"refs holds a run of {len(ref_losses)} steps in "
+                         f"{next(ref_model.parameters()).dtype}, not steps={steps} in dtype={dtype}: "
+                         "pass references() of the same arguments")
+    out, cache = {}, {}
     for case in cases:
         dp, tp, pp, schedule, m, v, sp = case
         res = train_3d(rank, world_size, dp, tp, pp, schedule, m, v, sequence_parallel=sp, steps=steps, cfg=cfg,
                        global_batch=global_batch, seed=seed, lr=lr, dtype=dtype)
         out[case] = {"coords": res["coords"], "losses": res["losses"], "params": res["params"],
                      "ref_losses": ref_losses, "names": [n for n, _ in res["model"].named_parameters()]}
+        group = res["mesh"].get_group("tp") if tp > 1 else None
         for key, full in (("want", ref_model), ("start", start_model)):
-            twin = copy.deepcopy(full)
-            if tp > 1:
-                apply_tensor_parallel(twin, res["mesh"].get_group("tp"), sp)
-            named = dict(twin.named_parameters())
+            named = held_like(full, group, sp, cache)
             out[case][key] = {n: named[n].detach().clone() for n in res["params"]}
     return out
