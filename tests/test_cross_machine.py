@@ -75,8 +75,8 @@ def _counts(junit: Path) -> dict[str, int]:
 # shards, not more). A target's cost balances them: its CPU-seconds in the re-run on two idle
 # cores, less that start (measured; scripts/results/suite_times.md), 1 if not listed.
 SHARDS = 2
-COST = {"tests/test_parallelize.py": 37, "labs/04_accumulation.ipynb": 22, "tests/test_llama_techniques.py": 13,
-        "tests/test_pipeline_dist.py": 13, "tests/test_tensor_parallel.py": 8, "tests/test_context_parallel.py": 6,
+COST = {"tests/test_parallelize.py": 33, "labs/04_accumulation.ipynb": 22, "tests/test_llama_techniques.py": 13,
+        "tests/test_pipeline_dist.py": 11, "tests/test_tensor_parallel.py": 8, "tests/test_context_parallel.py": 6,
         "tests/test_accumulate_ddp.py": 3, "tests/test_accumulate.py": 3, "tests/test_llama.py": 3}
 
 
