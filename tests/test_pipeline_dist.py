@@ -156,7 +156,7 @@ def test_measured_bubble_is_within_5_percent_of_the_formula(runs):
             if abs(measured[name] - want) <= 0.05 * want or again == 3:
                 break
             # A loaded machine (a second test run beside this one) can stretch all three runs: a
-            # rank waits for a core at each message (tens of ms at a load of 20 on 2 cores). Three
+            # rank waits for a core at each message, which the room above does not allow for. Three
             # more, launched afresh with stages 2, 4, then 8 times as long, at most three times:
             # the formula's fraction is the same, the messages' share of the step is smaller, and
             # a runtime that idles more than its schedule idles as much more and still fails.

@@ -111,12 +111,9 @@ class MemoryMeter(TorchDispatchMode):
     def _track(self, t: torch.Tensor, category: str | None = None) -> _Storage | None:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
             return None
-        return self._track_storage(t, t.untyped_storage(), category)
-
-    def _track_storage(self, t: torch.Tensor, st, category: str | None = None) -> _Storage | None:
-        """_track of strided ``t`` whose storage ``st`` the caller has at hand."""
         if self._cuda_dev is not None and t.device != self._cuda_dev:
             return None  # on a GPU, count device memory only (Adam's `step` lives on the host)
+        st = t.untyped_storage()
         key = id(st)
         rec = self._by_storage.get(key)
         if rec is not None and rec.ref() is st:
@@ -166,20 +163,13 @@ class MemoryMeter(TorchDispatchMode):
             return out
         self._ops.append(str(func.overloadpacket.__name__))
         self._phases.append(self._phase)
-        outputs = strided_tensors(out)
-        if not outputs:
-            return out
         # An output that aliases an input (a view, an in-place op) allocated nothing, even
         # when the input's storage predates the meter and was never seen.
-        inputs = {id(t.untyped_storage()) for t in strided_tensors(args)}
-        if kwargs:
-            inputs.update(id(t.untyped_storage()) for t in strided_tensors(kwargs))
-        seen = self._by_storage
-        for t in outputs:
-            st = t.untyped_storage()
-            if id(st) in inputs and id(st) not in seen:
+        inputs = {id(t.untyped_storage()) for t in strided_tensors((args, kwargs))}
+        for t in strided_tensors(out):
+            if id(t.untyped_storage()) in inputs and id(t.untyped_storage()) not in self._by_storage:
                 continue
-            self._track_storage(t, st)
+            self._track(t)
         return out
 
     # -- phases ------------------------------------------------------------------------------

@@ -18,16 +18,14 @@ rank returns what it holds beside what it should hold.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.distributed as dist
 
 from ..dist import rank_device
 from ..model import build_model, get_preset
 from ..parallel import ParallelDims, parallelize_gpt
-from ..tensor_parallel import apply_tensor_parallel
 from .pipeline import make_batch
+from .tensor_parallel_ref import sharded_like
 
 __all__ = ["train_3d", "reference_train", "references", "held_like", "parallel_3d_rank"]
 
@@ -66,22 +64,17 @@ def references(cfg="tiny", global_batch: int = 8, steps: int = 2, seed: int = 0,
 def held_like(full: torch.nn.Module, group=None, sequence_parallel: bool = False, cache: dict | None = None) -> dict:
     """{name: parameter} of the one-process model ``full`` as a rank of the tensor-parallel
     ``group`` holds it: ``full``'s own parameters when ``group`` is None or of one rank, else
-    those of a copy of ``full`` sharded by :func:`labkit.tensor_parallel.apply_tensor_parallel`
-    (a tied weight under its first name only). Clone what you keep. ``cache``: a dict that keeps
-    one sharded copy per model, group (its ranks) and ``sequence_parallel``, for the cases of a
-    launch that share them; every rank of the group must use it alike (sharding a copy is
-    collective)."""
+    :func:`labkit.runs.tensor_parallel_ref.sharded_like`'s shards of it (a tied weight under its
+    first name only). Clone what you keep. ``cache``: a dict that keeps the shards per model, group
+    (its ranks) and ``sequence_parallel``, for the cases of a launch that share them."""
     if group is None or dist.get_world_size(group) == 1:
         return dict(full.named_parameters())
+    if cache is None:
+        return sharded_like(full, group, sequence_parallel)
     key = (id(full), tuple(dist.get_process_group_ranks(group)), bool(sequence_parallel))
-    if cache is not None and key in cache:
-        return cache[key][1]
-    twin = copy.deepcopy(full)
-    apply_tensor_parallel(twin, group, sequence_parallel)
-    held = dict(twin.named_parameters())
-    if cache is not None:
-        cache[key] = (full, held)  # holding full keeps its id from being reused
-    return held
+    if key not in cache:
+        cache[key] = (full, sharded_like(full, group, sequence_parallel))  # holding full keeps its id
+    return cache[key][1]
 
 
 def train_3d(rank: int, world_size: int, dp_size: int, tp_size: int, pp_size: int, schedule: str = "1f1b",
